@@ -1,0 +1,78 @@
+"""gnl: durable background work for Python — a job queue, a cron scheduler and an event log
+on SQLite (embedded default), Postgres or MySQL, with a native (Rust) hot path.
+
+Everything public is exported here (API.md is the contract).
+"""
+
+from __future__ import annotations
+
+from .errors import (
+    CronError,
+    ExecutionRevokedError,
+    GnlError,
+    InvalidArgumentError,
+    InvalidJobError,
+    QueueFullError,
+    RunBusyError,
+    SchemaOutdatedError,
+    SchemaTooNewError,
+    StoreUnavailableError,
+    TriggerConflictError,
+    UnsupportedStoreError,
+)
+from .queue import (
+    JSON,
+    JobInfo,
+    JobSpec,
+    Page,
+    cancel_job,
+    enqueue,
+    enqueue_many,
+    get_job,
+    list_all_jobs,
+    list_jobs,
+    retry_job,
+)
+from .signal import RevocationSignal
+from .storage import Journal, Storage, WorkStore, connect, upgrade
+from .worker import DrainResult, Handler, JobContext, Worker, create_worker
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "JSON",
+    "CronError",
+    "DrainResult",
+    "ExecutionRevokedError",
+    "GnlError",
+    "Handler",
+    "InvalidArgumentError",
+    "InvalidJobError",
+    "JobContext",
+    "JobInfo",
+    "JobSpec",
+    "Journal",
+    "Page",
+    "QueueFullError",
+    "RevocationSignal",
+    "RunBusyError",
+    "SchemaOutdatedError",
+    "SchemaTooNewError",
+    "Storage",
+    "StoreUnavailableError",
+    "TriggerConflictError",
+    "UnsupportedStoreError",
+    "WorkStore",
+    "Worker",
+    "__version__",
+    "cancel_job",
+    "connect",
+    "create_worker",
+    "enqueue",
+    "enqueue_many",
+    "get_job",
+    "list_all_jobs",
+    "list_jobs",
+    "retry_job",
+    "upgrade",
+]

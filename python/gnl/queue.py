@@ -1,0 +1,297 @@
+"""The queue's store calls (API.md "Queue"): enqueue, listings, retry and cancel.
+
+The worker lives in :mod:`gnl.worker`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Generic, TypeVar
+
+from . import _native
+from ._time import check_int
+from .storage import Storage, WorkStore, native_of
+
+__all__ = [
+    "JSON",
+    "JobInfo",
+    "JobSpec",
+    "Page",
+    "cancel_job",
+    "enqueue",
+    "enqueue_many",
+    "get_job",
+    "list_all_jobs",
+    "list_jobs",
+    "retry_job",
+]
+
+#: A JSON value: dict with str keys, list, str, int, float, bool or None.
+JSON = Any
+
+T = TypeVar("T")
+
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """One job for :func:`enqueue_many` (a dict ``{"type", "payload", "options"}`` works too).
+
+    Attributes:
+        type: The handler key.
+        payload: A JSON value.
+        id: The job id within its organization; None generates a time-ordered id.
+        org_id: The organization (its lane); None: no organization.
+        run_at: Not claimed before this instant (epoch ms or aware datetime).
+        delay_ms: Not claimed before now + this many ms (store clock).
+        max_depth: Refuse the call when the organization's pending jobs would exceed it.
+    """
+
+    type: str
+    payload: JSON = None
+    id: str | None = None
+    org_id: str | None = None
+    run_at: int | datetime | None = None
+    delay_ms: int | None = None
+    max_depth: int | None = None
+
+    # Lets the native core recognise a JobSpec without importing this module.
+    __gnl_job_spec__ = True
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """A job as stored. Instants are epoch ms UTC (store clock).
+
+    Attributes:
+        id: The job id. org_id: Its organization, or None.
+        type: The handler key. payload: The JSON payload.
+        state: ``pending``, ``running``, ``done``, ``dead`` or ``canceled``.
+        attempts: Attempts used (counted at claim time).
+        max_attempts: The limit set by the worker that last claimed it (5 before any claim).
+        last_error: The error of the last failed attempt, or why it was canceled.
+        result: The handler's return value (``done`` jobs).
+        created_at, updated_at: When it was enqueued, last changed.
+        run_at: When it is (or was) due. finished_at: When it reached done, dead or canceled.
+    """
+
+    id: str
+    type: str
+    org_id: str | None
+    payload: JSON
+    state: str
+    attempts: int
+    max_attempts: int
+    last_error: str | None
+    result: JSON
+    created_at: int
+    updated_at: int
+    run_at: int
+    finished_at: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Page(Generic[T]):
+    """One page of a listing.
+
+    Attributes:
+        items: The records on this page.
+        next_cursor: Pass as ``cursor=`` for the next page; None on the last page.
+    """
+
+    items: list[T]
+    next_cursor: str | None
+
+
+def _job_info(raw: _native.RawJob) -> JobInfo:
+    return JobInfo(
+        id=raw.id,
+        type=raw.type,
+        org_id=raw.org_id,
+        payload=json.loads(raw.payload),
+        state=raw.state,
+        attempts=raw.attempts,
+        max_attempts=raw.max_attempts,
+        last_error=raw.last_error,
+        result=None if raw.result is None else json.loads(raw.result),
+        created_at=raw.created_at,
+        updated_at=raw.updated_at,
+        run_at=raw.run_at,
+        finished_at=raw.finished_at,
+    )
+
+
+def _opt_str(value: object, name: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"{name} must be a str or None, not {type(value).__name__}")
+    return value
+
+
+async def enqueue(
+    work: WorkStore | Storage,
+    type: str,
+    payload: JSON,
+    *,
+    id: str | None = None,
+    org_id: str | None = None,
+    run_at: int | datetime | None = None,
+    delay_ms: int | None = None,
+    max_depth: int | None = None,
+) -> str:
+    """Enqueue one job.
+
+    Args:
+        work: ``storage.work`` (or the Storage).
+        type: The handler key (non-empty, at most 200 characters).
+        payload: A JSON value.
+        id: The job id; an id already enqueued in the same organization (any state) is the
+            same job: its id is returned and nothing is written. None: a generated
+            time-ordered id.
+        org_id: The organization (non-empty, at most 200 characters, no control
+            characters); None: no organization.
+        run_at: Not claimed before this instant (epoch ms or aware datetime).
+        delay_ms: Not claimed before now + ``delay_ms`` (store clock). Not with ``run_at``.
+        max_depth: Refuse when the organization's pending jobs would exceed it (>= 1).
+
+    Returns:
+        The job id.
+
+    Raises:
+        TypeError: an argument of the wrong type, or a payload that is not JSON.
+        InvalidArgumentError: a bad value (empty type, bad org_id, NaN in the payload,
+            naive datetime, negative delay, both run_at and delay_ms, max_depth < 1).
+        QueueFullError: ``max_depth`` would be exceeded.
+        StoreUnavailableError: the store cannot be reached.
+    """
+    spec = JobSpec(type, payload, id, org_id, run_at, delay_ms, max_depth)
+    ids = await native_of(work).enqueue([spec], True)
+    return ids[0]
+
+
+async def enqueue_many(
+    work: WorkStore | Storage, jobs: Iterable[JobSpec | Mapping[str, Any]]
+) -> list[str]:
+    """Enqueue many jobs in one transaction: all or none.
+
+    Each job is a :class:`JobSpec` or a dict ``{"type", "payload", "options"}`` whose options
+    are those of :func:`enqueue` (``id``, ``org_id``, ``run_at``, ``delay_ms``,
+    ``max_depth``). An id already enqueued, or repeated in the call, is one job. ``max_depth``
+    counts the call's own jobs. Each organization's lane takes its turn once per call. There
+    is no limit on the number of jobs (the store's parameter limits are handled inside).
+
+    Returns:
+        The job ids, in call order.
+
+    Raises:
+        InvalidJobError: a job is invalid (``.index`` is its position, ``__cause__`` the
+            ``TypeError`` or ``InvalidArgumentError``); nothing was written.
+        TypeError: ``jobs`` is not iterable.
+        QueueFullError: a ``max_depth`` would be exceeded; nothing was written.
+        StoreUnavailableError: the store cannot be reached; nothing was written.
+    """
+    if isinstance(jobs, (str, bytes, Mapping)):
+        raise TypeError("jobs must be a list of gnl.JobSpec or dicts, not a single value")
+    if not isinstance(jobs, (list, tuple)):
+        jobs = list(jobs)
+    return await native_of(work).enqueue(jobs, False)
+
+
+async def get_job(work: WorkStore | Storage, job_id: str, org_id: str | None = None) -> JobInfo | None:
+    """The job ``job_id`` of organization ``org_id`` (None: no organization), or None."""
+    if not isinstance(job_id, str):
+        raise TypeError(f"job_id must be a str, not {type(job_id).__name__}")
+    raw = await native_of(work).get_job(_opt_str(org_id, "org_id"), job_id)
+    return None if raw is None else _job_info(raw)
+
+
+async def list_jobs(
+    work: WorkStore | Storage,
+    *,
+    org_id: str | None = None,
+    state: str | None = None,
+    type: str | None = None,
+    limit: int = 50,
+    cursor: str | None = None,
+) -> Page[JobInfo]:
+    """One lane's jobs in enqueue order, a page at a time.
+
+    Without ``org_id`` it lists only jobs that have no organization. A listing is fixed at its
+    first page: every job enqueued before it is listed exactly once; one enqueued after it
+    belongs to the next listing.
+
+    Args:
+        org_id: The lane; None: jobs without organization.
+        state: Only jobs in this state (``pending``, ``running``, ``done``, ``dead``,
+            ``canceled``).
+        type: Only jobs of this type.
+        limit: Page size, 1 to 10,000.
+        cursor: ``next_cursor`` of the previous page.
+
+    Raises:
+        InvalidArgumentError: a bad state or limit, or a cursor from another function or
+            other filters, or a garbled one.
+    """
+    check_int(limit, "limit", 1)
+    raw, nxt = await native_of(work).list_jobs(
+        False,
+        _opt_str(org_id, "org_id"),
+        _opt_str(state, "state"),
+        _opt_str(type, "type"),
+        limit,
+        _opt_str(cursor, "cursor"),
+    )
+    return Page([_job_info(r) for r in raw], nxt)
+
+
+async def list_all_jobs(
+    work: WorkStore | Storage, *, limit: int = 100, cursor: str | None = None
+) -> Page[JobInfo]:
+    """Every job on the store: jobs without organization first, then each organization's lane
+    in name order, each in enqueue order. Fixed at its first page, like :func:`list_jobs`.
+
+    Raises:
+        InvalidArgumentError: a bad limit, or a cursor that ``list_all_jobs`` did not produce.
+    """
+    check_int(limit, "limit", 1)
+    raw, nxt = await native_of(work).list_jobs(
+        True, None, None, None, limit, _opt_str(cursor, "cursor")
+    )
+    return Page([_job_info(r) for r in raw], nxt)
+
+
+async def retry_job(work: WorkStore | Storage, job_id: str, org_id: str | None = None) -> bool:
+    """Send a ``dead`` job back to ``pending`` with attempts 0.
+
+    Returns:
+        True if it was dead; False (and nothing changes) for any other state or an unknown id.
+    """
+    if not isinstance(job_id, str):
+        raise TypeError(f"job_id must be a str, not {type(job_id).__name__}")
+    return await native_of(work).retry_job(_opt_str(org_id, "org_id"), job_id)
+
+
+async def cancel_job(
+    work: WorkStore | Storage,
+    job_id: str,
+    org_id: str | None = None,
+    reason: str | None = None,
+) -> bool:
+    """Cancel a job.
+
+    A ``pending`` job becomes ``canceled`` at once. A ``running`` one has its handler's
+    ``ctx.signal`` aborted with ``why="canceled"`` (at its worker's next lease renewal, within
+    ``ttl_ms / 3``) and becomes ``canceled`` when the handler returns; it is never retried.
+
+    Returns:
+        True for a pending or running job; False for a finished or unknown one.
+    """
+    if not isinstance(job_id, str):
+        raise TypeError(f"job_id must be a str, not {type(job_id).__name__}")
+    return await native_of(work).cancel_job(
+        _opt_str(org_id, "org_id"), job_id, _opt_str(reason, "reason")
+    )
+
+

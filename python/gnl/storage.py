@@ -1,0 +1,162 @@
+"""Connecting to a store (API.md "Connecting")."""
+
+from __future__ import annotations
+
+from types import TracebackType
+
+from . import _native
+from ._time import check_int
+
+__all__ = ["Journal", "Storage", "WorkStore", "connect", "upgrade"]
+
+
+class WorkStore:
+    """The work store of a :class:`Storage`: jobs and events. Shares the storage's pool."""
+
+    __slots__ = ("_storage",)
+
+    def __init__(self, storage: Storage) -> None:
+        self._storage = storage
+
+    @property
+    def storage(self) -> Storage:
+        """The :class:`Storage` this work store belongs to."""
+        return self._storage
+
+
+class Journal:
+    """The journal of a :class:`Storage`: durable runs, steps, locks, triggers."""
+
+    __slots__ = ("_storage",)
+
+    def __init__(self, storage: Storage) -> None:
+        self._storage = storage
+
+    @property
+    def storage(self) -> Storage:
+        """The :class:`Storage` this journal belongs to."""
+        return self._storage
+
+
+class Storage:
+    """An open store: one connection pool shared by :attr:`work` and :attr:`journal`.
+
+    Create one with :func:`connect`. Use ``async with`` (or :meth:`close`) to close the pool.
+    """
+
+    __slots__ = ("_closed", "_native", "journal", "url", "work")
+
+    def __init__(self, native: _native.NativeStore, url: str) -> None:
+        self._native = native
+        self._closed = False
+        self.url = url
+        self.work = WorkStore(self)
+        self.journal = Journal(self)
+
+    @property
+    def backend(self) -> str:
+        """``"sqlite"``, ``"postgres"`` or ``"mysql"``."""
+        return self._native.backend
+
+    @property
+    def query_count(self) -> int:
+        """The number of SQL statements this storage has sent."""
+        return self._native.query_count
+
+    async def now_ms(self) -> int:
+        """The store's clock, epoch ms UTC (SQLite: this machine's clock).
+
+        All lease, lock and due-time decisions use it.
+        """
+        return await self._native.now_ms()
+
+    async def close(self) -> None:
+        """Close the pool. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            await self._native.close()
+
+    async def __aenter__(self) -> Storage:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"<gnl.Storage {self.backend} {self.url!r}>"
+
+
+def native_of(store: Storage | WorkStore | Journal, what: str = "work") -> _native.NativeStore:
+    """The native store behind a Storage, WorkStore or Journal.
+
+    Raises:
+        TypeError: ``store`` is none of them, or is the other half (a Journal where a work
+            store is asked for, or the reverse).
+    """
+    if isinstance(store, Storage):
+        return store._native
+    expected = WorkStore if what == "work" else Journal
+    if isinstance(store, expected):
+        return store.storage._native
+    name = "storage.work" if what == "work" else "storage.journal"
+    raise TypeError(f"expected a gnl.Storage or {name}, not {type(store).__name__}")
+
+
+def storage_of(store: Storage | WorkStore | Journal) -> Storage:
+    """The Storage of a Storage, WorkStore or Journal."""
+    if isinstance(store, Storage):
+        return store
+    if isinstance(store, (WorkStore, Journal)):
+        return store.storage
+    raise TypeError(f"expected a gnl.Storage, not {type(store).__name__}")
+
+
+async def connect(url: str, *, max_connections: int = 10, create: bool = True) -> Storage:
+    """Open a store.
+
+    Args:
+        url: ``sqlite:///relative/path.db`` (relative to the working directory),
+            ``sqlite:////absolute/path.db``, ``sqlite::memory:``, ``postgres://…`` /
+            ``postgresql://…`` or ``mysql://…``.
+        max_connections: Size of the connection pool (SQLite in memory always uses one).
+        create: Give an empty store the current schema.
+
+    Returns:
+        The open :class:`Storage`.
+
+    Raises:
+        TypeError: ``url`` is not a str.
+        InvalidArgumentError: an unsupported scheme (the message names the accepted ones).
+        SchemaOutdatedError: the store's schema is older than this package (its message names
+            ``gnl upgrade <url>``), or the store is empty and ``create`` is False.
+        SchemaTooNewError: the store's schema is newer than this package.
+        UnsupportedStoreError: the server is too old, or this build has no engine for it.
+        StoreUnavailableError: the store cannot be reached.
+    """
+    if not isinstance(url, str):
+        raise TypeError(f"url must be a str, not {type(url).__name__}")
+    check_int(max_connections, "max_connections", 1)
+    if not isinstance(create, bool):
+        raise TypeError(f"create must be a bool, not {type(create).__name__}")
+    native = await _native.connect(url, max_connections, create)
+    return Storage(native, url)
+
+
+async def upgrade(url: str) -> int:
+    """Bring a store to the current schema. Idempotent; safe when two processes run it at once.
+
+    Returns:
+        The schema version the store is at now.
+
+    Raises:
+        SchemaTooNewError: the store is newer than this package.
+        StoreUnavailableError: the store cannot be reached.
+    """
+    if not isinstance(url, str):
+        raise TypeError(f"url must be a str, not {type(url).__name__}")
+    return await _native.upgrade(url)

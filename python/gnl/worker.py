@@ -1,0 +1,504 @@
+"""The queue worker (API.md "Queue"): claims jobs and runs their handlers on the asyncio loop.
+
+Every store round trip, the lease renewal timer and the group-committed outcome writes are
+native (``gnl._native.NativeWorker``); this module runs handlers and keeps the poll loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import os
+import secrets
+import socket
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from . import _native
+from ._time import check_int
+from .errors import ExecutionRevokedError, GnlError, InvalidArgumentError, StoreUnavailableError
+from .signal import RevocationSignal
+from .storage import Journal, Storage, WorkStore, storage_of
+
+__all__ = ["DrainResult", "Handler", "JobContext", "Worker", "create_worker"]
+
+log = logging.getLogger("gnl")
+
+#: ``async def handler(payload, ctx) -> JSON | None``
+Handler = Callable[[Any, "JobContext"], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class DrainResult:
+    """What :meth:`Worker.drain` did.
+
+    Attributes:
+        processed: Handler runs.
+        succeeded: Runs whose handler returned (and whose result was recorded).
+        failed: Runs that failed (raised, timed out, or returned a non-JSON result).
+    """
+
+    processed: int
+    succeeded: int
+    failed: int
+
+
+class JobContext:
+    """What a handler gets besides its payload.
+
+    Attributes:
+        job_id: The job id. type: The job type. org_id: Its organization, or None.
+        attempt: 1-based attempt number (counted at claim time, so a crash uses one up).
+        run_id: The job's durable run id, stable across reclaims and retries of this job.
+        journal: The journal (``storage.journal``).
+        signal: Aborts when the job is canceled, the lease is lost, or ``max_hold_ms`` runs
+            out (see :class:`RevocationSignal`).
+    """
+
+    __slots__ = (
+        "_native",
+        "_started",
+        "_timer",
+        "_warned",
+        "attempt",
+        "job_id",
+        "journal",
+        "org_id",
+        "run_id",
+        "signal",
+        "type",
+    )
+
+    def __init__(
+        self,
+        native: _native.NativeStore,
+        journal: Journal,
+        job_id: str,
+        type: str,
+        org_id: str | None,
+        attempt: int,
+    ) -> None:
+        self._native = native
+        self.journal = journal
+        self.job_id = job_id
+        self.type = type
+        self.org_id = org_id
+        self.attempt = attempt
+        self.run_id = _native.job_run_id(org_id, job_id)
+        self.signal = RevocationSignal()
+        self._timer: asyncio.TimerHandle | None = None
+        self._warned = False
+        self._started = 0.0
+
+    async def step(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` once per ``(run_id, name)`` and journal its result.
+
+        The first completed result recorded for ``(run_id, name)`` is kept and returned on
+        every later call, so a reclaimed or retried handler does not repeat the side effect.
+        Two executors that race converge on the first recorded result.
+
+        Args:
+            name: The step's name, unique within the job.
+            fn: A plain function or a coroutine function; its result must be JSON.
+            *args: Passed to ``fn``.
+
+        Returns:
+            The recorded result (decoded JSON).
+
+        Raises:
+            TypeError: ``name`` is not a str, ``fn`` is not callable, or its result is not JSON
+                (nothing is recorded then).
+            InvalidArgumentError: ``name`` is empty.
+            ExecutionRevokedError: the signal had aborted before the step started.
+        """
+        if not isinstance(name, str):
+            raise TypeError(f"step name must be a str, not {type(name).__name__}")
+        if not name:
+            raise InvalidArgumentError("step name must be a non-empty string")
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, not {type(fn).__name__}")
+        recorded = await self._native.step_get(self.run_id, name)
+        if recorded is not None:
+            return json.loads(recorded)
+        self.signal.raise_if_aborted()
+        value = fn(*args)
+        if inspect.isawaitable(value):
+            value = await value
+        kept = await self._native.step_put(self.run_id, name, value)
+        return json.loads(kept)
+
+    def __repr__(self) -> str:
+        return f"<gnl.JobContext {self.type} id={self.job_id!r} attempt={self.attempt}>"
+
+
+RetryDelay = int | Callable[[int], int] | None
+
+
+def _default_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+class Worker:
+    """A queue worker. Create it with :func:`create_worker`."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        handlers: Mapping[str, Handler],
+        *,
+        ttl_ms: int,
+        max_attempts: int,
+        max_hold_ms: int | None,
+        concurrency: int,
+        poll_ms: int,
+        max_poll_ms: int | None,
+        retry_delay_ms: RetryDelay,
+        name: str | None,
+    ) -> None:
+        self._storage = storage
+        self._handlers = dict(handlers)
+        self.ttl_ms = ttl_ms
+        self.max_attempts = max_attempts
+        self.max_hold_ms = max_hold_ms
+        self.concurrency = concurrency
+        self.poll_ms = poll_ms
+        self.max_poll_ms = max_poll_ms if max_poll_ms is not None else poll_ms * 32
+        self.retry_delay_ms = retry_delay_ms
+        self.name = name or _default_name()
+        self._native: _native.NativeWorker | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._active: dict[int, JobContext] = {}
+        self._slot = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._counts = [0, 0, 0]  # processed, succeeded, failed
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def _ensure_native(self) -> _native.NativeWorker:
+        if self._native is None:
+            loop = asyncio.get_running_loop()
+            self._native = _native.NativeWorker(
+                self._storage._native,
+                self.name,
+                self.ttl_ms,
+                self.max_attempts,
+                self._on_revoke,
+                self._on_log,
+                loop,
+            )
+        return self._native
+
+    @property
+    def running(self) -> bool:
+        """True between :meth:`start` and the end of :meth:`stop`."""
+        return self._loop_task is not None and not self._loop_task.done()
+
+    def start(self) -> None:
+        """Start polling on the current asyncio loop. A second call does nothing.
+
+        Raises:
+            RuntimeError: no asyncio loop is running.
+        """
+        if self.running:
+            return
+        self._ensure_native()
+        self._stopping = False
+        self._loop_task = asyncio.get_running_loop().create_task(
+            self._poll_loop(), name=f"gnl-worker-{self.name}"
+        )
+
+    async def stop(self) -> None:
+        """Stop claiming, wait for running handlers to return and their outcomes to be
+        written. Releases nothing early. Idempotent."""
+        self._stopping = True
+        self._wake.set()
+        if self._loop_task is not None:
+            await self._loop_task
+            self._loop_task = None
+        await self._settle()
+        if self._native is not None:
+            self._native.close()
+            self._native = None
+
+    async def __aenter__(self) -> Worker:
+        self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def drain(self) -> DrainResult:
+        """Process jobs until none is due, then return what was done.
+
+        Jobs that other workers hold, and retries that are not due yet, are not waited for.
+
+        Raises:
+            GnlError: the worker is started (stop it first).
+            StoreUnavailableError: the store could not be reached.
+        """
+        if self.running:
+            raise GnlError("drain() cannot run while the worker is started; stop() it first")
+        native = self._ensure_native()
+        before = list(self._counts)
+        try:
+            while True:
+                free = self.concurrency - len(self._tasks)
+                jobs = await native.claim(free) if free > 0 else []
+                for job in jobs:
+                    self._spawn(job)
+                if jobs:
+                    await asyncio.sleep(0)
+                    continue
+                if not self._tasks:
+                    break
+                self._slot.clear()
+                await self._slot.wait()
+            await native.flush()
+        finally:
+            await self._settle()
+        c = self._counts
+        return DrainResult(c[0] - before[0], c[1] - before[1], c[2] - before[2])
+
+    async def _settle(self) -> None:
+        if self._tasks:
+            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        if self._native is not None:
+            try:
+                await self._native.flush()
+            except GnlError as e:
+                log.warning("gnl worker %s: could not write job outcomes: %s", self.name, e)
+
+    # -- poll loop -----------------------------------------------------------------------
+
+    async def _poll_loop(self) -> None:
+        native = self._ensure_native()
+        interval = self.poll_ms
+        backoff = self.poll_ms
+        while not self._stopping:
+            free = self.concurrency - len(self._tasks)
+            if free <= 0:
+                self._slot.clear()
+                await self._slot.wait()
+                await asyncio.sleep(0)  # let handlers that finish together free their slots
+                continue
+            try:
+                jobs = await native.claim(free)
+            except StoreUnavailableError as e:
+                log.warning("gnl worker %s: store unavailable, retrying in %d ms: %s", self.name, backoff, e)
+                await self._sleep(backoff)
+                backoff = min(backoff * 2, max(self.max_poll_ms, 5_000))
+                continue
+            except GnlError as e:
+                log.error("gnl worker %s: claim failed, retrying in %d ms: %s", self.name, interval, e)
+                await self._sleep(interval)
+                continue
+            backoff = self.poll_ms
+            if jobs:
+                interval = self.poll_ms
+                for job in jobs:
+                    self._spawn(job)
+                await asyncio.sleep(0)
+            else:
+                await self._sleep(interval)
+                interval = min(interval * 2, self.max_poll_ms)
+
+    async def _sleep(self, ms: int) -> None:
+        self._wake.clear()
+        if self._stopping:
+            return
+        try:
+            await asyncio.wait_for(self._wake.wait(), ms / 1000)
+        except asyncio.TimeoutError:
+            pass
+
+    # -- running one job -----------------------------------------------------------------
+
+    def _spawn(self, job: tuple[int, int, str | None, str, str, str, int]) -> None:
+        seq = job[0]
+        task = asyncio.get_running_loop().create_task(self._run(job))
+        self._tasks[seq] = task
+        task.add_done_callback(lambda _t, seq=seq: self._release(seq))
+
+    def _release(self, seq: int) -> None:
+        self._tasks.pop(seq, None)
+        self._slot.set()
+
+    async def _run(self, job: tuple[int, int, str | None, str, str, str, int]) -> None:
+        seq, token, org_id, job_id, typ, payload_json, attempt = job
+        native = self._native
+        assert native is not None
+        ctx = JobContext(self._storage._native, self._storage.journal, job_id, typ, org_id, attempt)
+        self._active[seq] = ctx
+        loop = asyncio.get_running_loop()
+        if self.max_hold_ms is not None:
+            ctx._timer = loop.call_later(self.max_hold_ms / 1000, self._revoke, ctx, "timeout")
+        self._counts[0] += 1
+        error: str | None = None
+        try:
+            handler = self._handlers.get(typ)
+            if handler is None:
+                error = f"no handler for job type {typ!r} on worker {self.name!r}"
+            else:
+                result = await handler(json.loads(payload_json), ctx)
+                reason = ctx.signal.reason
+                if reason is not None and reason.why == "timeout":
+                    error = f"timeout: the handler held the job past max_hold_ms={self.max_hold_ms}"
+                else:
+                    try:
+                        native.done(seq, token, result)
+                    except (TypeError, ValueError) as e:
+                        error = f"{type(e).__name__}: {e}"
+        except asyncio.CancelledError:
+            # The worker's loop is being torn down: record nothing, the lease expires and the
+            # job is reclaimed.
+            raise
+        except Exception as e:  # noqa: BLE001 - a handler's failure is data, not a crash
+            reason = ctx.signal.reason
+            if isinstance(e, ExecutionRevokedError) and reason is not None and reason.why == "timeout":
+                error = f"timeout: the handler held the job past max_hold_ms={self.max_hold_ms}"
+            else:
+                error = f"{type(e).__name__}: {e}"
+        finally:
+            if ctx._timer is not None:
+                ctx._timer.cancel()
+            self._active.pop(seq, None)
+        if error is None:
+            self._counts[1] += 1
+            return
+        self._counts[2] += 1
+        native.fail(seq, token, error, attempt, self._retry_delay(attempt))
+
+    def _retry_delay(self, attempt: int) -> int | None:
+        d = self.retry_delay_ms
+        if d is None:
+            return None  # native default: exponential from 1 s, capped at 60 s, ±20% jitter
+        if isinstance(d, int):
+            return d
+        try:
+            value = d(attempt)
+            return check_int(value, "retry_delay_ms(attempt)", 0)
+        except Exception as e:  # noqa: BLE001
+            log.error("gnl worker %s: retry_delay_ms(%d) failed (%s); using the default", self.name, attempt, e)
+            return None
+
+    # -- revocation ----------------------------------------------------------------------
+
+    def _on_revoke(self, seq: int, why: str) -> None:
+        ctx = self._active.get(seq)
+        if ctx is not None:
+            self._revoke(ctx, why)
+
+    def _revoke(self, ctx: JobContext, why: str) -> None:
+        if ctx.signal.aborted:
+            return
+        ctx.signal.abort(why)
+        if why in ("lease-lost", "timeout"):
+            asyncio.get_running_loop().call_later(self.ttl_ms / 1000, self._warn_if_running, ctx, why)
+
+    def _warn_if_running(self, ctx: JobContext, why: str) -> None:
+        if ctx._warned or ctx not in self._active.values():
+            return
+        ctx._warned = True
+        log.warning(
+            "gnl worker %s: handler of job %r (type %r, attempt %d) is still running %d ms after "
+            "its signal aborted (%s); it should check ctx.signal",
+            self.name,
+            ctx.job_id,
+            ctx.type,
+            ctx.attempt,
+            self.ttl_ms,
+            why,
+        )
+
+    def _on_log(self, message: str) -> None:
+        log.warning("%s", message)
+
+    def __repr__(self) -> str:
+        return f"<gnl.Worker {self.name!r} concurrency={self.concurrency} running={self.running}>"
+
+
+def create_worker(
+    storage: Storage | WorkStore,
+    handlers: Mapping[str, Handler],
+    *,
+    ttl_ms: int = 30_000,
+    max_attempts: int = 5,
+    max_hold_ms: int | None = None,
+    concurrency: int = 1,
+    poll_ms: int = 200,
+    max_poll_ms: int | None = None,
+    retry_delay_ms: RetryDelay = None,
+    name: str | None = None,
+) -> Worker:
+    """Create a queue worker.
+
+    Args:
+        storage: The Storage (or its work store).
+        handlers: Job type -> ``async def handler(payload, ctx)``. A claimed job whose type
+            has no handler here fails its attempt (and is retried, then dead-lettered).
+        ttl_ms: The lease, renewed every ``ttl_ms / 3`` off the Python thread (>= 3).
+        max_attempts: Attempts (counted at claim time) before a job is ``dead`` (>= 1).
+        max_hold_ms: Time limit of one attempt: the signal aborts with ``timeout`` and the
+            attempt counts as failed; the lease is kept until the handler returns. None: no
+            limit.
+        concurrency: Handlers running at once (>= 1); a claim takes up to this many jobs,
+            lanes in turn.
+        poll_ms: The poll interval; an empty poll doubles it up to ``max_poll_ms``
+            (default ``poll_ms * 32``); a claim resets it.
+        retry_delay_ms: Delay before a failed attempt is retried: an int, or a callable
+            ``f(attempt) -> ms`` of the 1-based attempt that failed. None: exponential from
+            1,000 ms, doubling, capped at 60,000 ms, ±20% jitter.
+        name: Recorded as the lease holder; default ``host:pid:random``.
+
+    Raises:
+        TypeError: an argument of the wrong type (a handler that is not callable).
+        InvalidArgumentError: a value out of range.
+    """
+    st = storage_of(storage)
+    if not isinstance(handlers, Mapping):
+        raise TypeError(f"handlers must be a mapping of job type to handler, not {type(handlers).__name__}")
+    for k, h in handlers.items():
+        if not isinstance(k, str):
+            raise TypeError(f"handler keys must be job types (str), not {type(k).__name__}")
+        if not callable(h):
+            raise TypeError(f"the handler for {k!r} is not callable")
+    check_int(ttl_ms, "ttl_ms", 3)
+    check_int(max_attempts, "max_attempts", 1)
+    if max_hold_ms is not None:
+        check_int(max_hold_ms, "max_hold_ms", 1)
+    check_int(concurrency, "concurrency", 1)
+    check_int(poll_ms, "poll_ms", 1)
+    if max_poll_ms is not None:
+        check_int(max_poll_ms, "max_poll_ms", poll_ms)
+    if retry_delay_ms is not None and not callable(retry_delay_ms):
+        check_int(retry_delay_ms, "retry_delay_ms", 0)
+    if name is not None:
+        if not isinstance(name, str):
+            raise TypeError(f"name must be a str, not {type(name).__name__}")
+        if not name:
+            raise InvalidArgumentError("name must be a non-empty string")
+    return Worker(
+        st,
+        handlers,
+        ttl_ms=ttl_ms,
+        max_attempts=max_attempts,
+        max_hold_ms=max_hold_ms,
+        concurrency=concurrency,
+        poll_ms=poll_ms,
+        max_poll_ms=max_poll_ms,
+        retry_delay_ms=retry_delay_ms,
+        name=name,
+    )
+
+

@@ -1,0 +1,49 @@
+-- gnl schema 1 (SQLite): the queue and the step journal.
+
+CREATE TABLE gnl_jobs (
+    seq              INTEGER PRIMARY KEY AUTOINCREMENT, -- enqueue order, never reused
+    org              TEXT    NOT NULL,                  -- '' = no organization
+    id               TEXT    NOT NULL,
+    type             TEXT    NOT NULL,
+    payload          TEXT    NOT NULL,                  -- JSON
+    state            TEXT    NOT NULL,                  -- pending running done dead canceled
+    attempts         INTEGER NOT NULL DEFAULT 0,        -- counted at claim time
+    max_attempts     INTEGER NOT NULL DEFAULT 5,        -- set by the claiming worker
+    last_error       TEXT,
+    result           TEXT,                              -- JSON
+    created_at       INTEGER NOT NULL,                  -- epoch ms
+    updated_at       INTEGER NOT NULL,
+    run_at           INTEGER NOT NULL,                  -- due instant
+    finished_at      INTEGER,
+    lease_token      INTEGER NOT NULL DEFAULT 0,        -- fencing token, +1 per claim
+    lease_expires_at INTEGER,
+    lease_owner      TEXT,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    UNIQUE (org, id)
+);
+-- A lane's due jobs, oldest first.
+CREATE INDEX gnl_jobs_due ON gnl_jobs (org, run_at, seq) WHERE state = 'pending';
+-- Expired leases.
+CREATE INDEX gnl_jobs_lease ON gnl_jobs (lease_expires_at) WHERE state = 'running';
+-- Listings: a lane in enqueue order.
+CREATE INDEX gnl_jobs_lane_seq ON gnl_jobs (org, seq);
+
+-- One row per organization (the no-organization lane included).
+-- next_run_at is a lower bound of the lane's earliest pending run_at (NULL: nothing pending);
+-- served_at orders the lanes: the smallest has waited longest.
+CREATE TABLE gnl_lanes (
+    org         TEXT PRIMARY KEY,
+    next_run_at INTEGER,
+    served_at   INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX gnl_lanes_turn ON gnl_lanes (served_at, org) WHERE next_run_at IS NOT NULL;
+CREATE INDEX gnl_lanes_next ON gnl_lanes (next_run_at) WHERE next_run_at IS NOT NULL;
+
+-- Journaled steps: the first result recorded for (run_id, name) is kept.
+CREATE TABLE gnl_steps (
+    run_id     TEXT    NOT NULL,
+    name       TEXT    NOT NULL,
+    result     TEXT    NOT NULL,
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (run_id, name)
+);

@@ -1,0 +1,112 @@
+//! Python values -> JSON text, strictly (API.md "Conventions"): dict with str keys, list, str,
+//! int, float, bool, None. Anything else is a `TypeError` naming where it sits; NaN and ±inf
+//! are an `InvalidArgumentError`. Nothing is written when either is raised.
+
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString};
+
+use super::errors::InvalidArgumentError;
+
+/// Deeper nesting than this is refused (it also stops self-referencing lists).
+const MAX_DEPTH: usize = 256;
+
+/// Encode `value` as JSON text; `what` names it in errors ("payload", "result", ...).
+pub fn encode(value: &Bound<'_, PyAny>, what: &str) -> PyResult<String> {
+    let mut out = String::with_capacity(64);
+    let mut path = String::from(what);
+    write(value, &mut out, &mut path, 0)?;
+    Ok(out)
+}
+
+fn write(v: &Bound<'_, PyAny>, out: &mut String, path: &mut String, depth: usize) -> PyResult<()> {
+    if depth > MAX_DEPTH {
+        return Err(InvalidArgumentError::new_err(format!(
+            "{path} is nested deeper than {MAX_DEPTH} levels (or refers to itself)"
+        )));
+    }
+    if v.is_none() {
+        out.push_str("null");
+    } else if let Ok(s) = v.cast::<PyString>() {
+        let s = s.to_str().map_err(|_| {
+            InvalidArgumentError::new_err(format!("{path} is a str that is not valid Unicode (a lone surrogate)"))
+        })?;
+        push_str(out, s);
+    } else if let Ok(b) = v.cast::<PyBool>() {
+        out.push_str(if b.is_true() { "true" } else { "false" });
+    } else if let Ok(i) = v.cast::<PyInt>() {
+        match i.extract::<i64>() {
+            Ok(n) => out.push_str(itoa_i64(n).as_str()),
+            Err(_) => out.push_str(&i.str()?.to_cow()?),
+        }
+    } else if let Ok(f) = v.cast::<PyFloat>() {
+        let x = f.value();
+        if !x.is_finite() {
+            return Err(InvalidArgumentError::new_err(format!("{path} is {x}: NaN and infinities are not JSON")));
+        }
+        out.push_str(&serde_json::to_string(&x).map_err(|e| InvalidArgumentError::new_err(e.to_string()))?);
+    } else if let Ok(d) = v.cast::<PyDict>() {
+        out.push('{');
+        let base = path.len();
+        for (n, (k, val)) in d.iter().enumerate() {
+            let key = k.cast::<PyString>().map_err(|_| {
+                PyTypeError::new_err(format!(
+                    "{path} has a key of type {} ({}); JSON object keys must be str",
+                    type_name(&k),
+                    k.repr().map(|r| r.to_string()).unwrap_or_default()
+                ))
+            })?;
+            let key = key.to_str().map_err(|_| {
+                InvalidArgumentError::new_err(format!("{path} has a key that is not valid Unicode"))
+            })?;
+            if n > 0 {
+                out.push(',');
+            }
+            push_str(out, key);
+            out.push(':');
+            path.push('.');
+            path.push_str(key);
+            write(&val, out, path, depth + 1)?;
+            path.truncate(base);
+        }
+        out.push('}');
+    } else if let Ok(l) = v.cast::<PyList>() {
+        out.push('[');
+        let base = path.len();
+        for (n, item) in l.iter().enumerate() {
+            if n > 0 {
+                out.push(',');
+            }
+            path.push_str(&format!("[{n}]"));
+            write(&item, out, path, depth + 1)?;
+            path.truncate(base);
+        }
+        out.push(']');
+    } else {
+        let t = type_name(v);
+        let hint = match t.as_str() {
+            "tuple" => " (use a list)",
+            "set" | "frozenset" => " (use a sorted list)",
+            "datetime" | "date" => " (use epoch ms or an ISO-8601 str)",
+            "bytes" | "bytearray" => " (use a str, e.g. base64)",
+            "Decimal" => " (use a str or a float)",
+            _ => "",
+        };
+        return Err(PyTypeError::new_err(format!("{path} is of type {t}, which is not JSON{hint}")));
+    }
+    Ok(())
+}
+
+fn type_name(v: &Bound<'_, PyAny>) -> String {
+    v.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
+}
+
+fn itoa_i64(n: i64) -> String {
+    n.to_string()
+}
+
+fn push_str(out: &mut String, s: &str) {
+    // serde_json's escaping; writing into a String cannot fail.
+    let quoted = serde_json::to_string(s).unwrap_or_else(|_| String::from("\"\""));
+    out.push_str(&quoted);
+}

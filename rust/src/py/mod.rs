@@ -1,0 +1,400 @@
+//! `gnl._native`: the pyo3 layer. It converts types and errors and nothing else; the logic
+//! lives in the pyo3-free modules. Every awaitable runs its work in a tokio task, so a Rust
+//! panic becomes a `gnl.GnlError` instead of reaching the user.
+
+mod errors;
+mod jobs;
+mod json;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+
+
+use crate::cursor::Cursor;
+use crate::error::Error;
+use crate::model::{ClaimRequest, JobRow, ListQuery, ListScope, Outcome, STATES};
+use crate::store::{self, Store};
+use crate::worker::WorkerCore;
+use errors::{internal, to_py, InvalidArgumentError};
+
+/// Run `fut` on the tokio runtime and hand asyncio an awaitable for its result.
+fn spawn<'py, F, T>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
+where
+    F: Future<Output = Result<T, Error>> + Send + 'static,
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+{
+    pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        match pyo3_async_runtimes::tokio::get_runtime().spawn(fut).await {
+            Ok(r) => r.map_err(to_py),
+            Err(e) if e.is_panic() => Err(internal("a task panicked")),
+            Err(_) => Err(internal("a task was cancelled")),
+        }
+    })
+}
+
+/// A job as stored, for `gnl.JobInfo` (JSON fields still as text).
+#[pyclass(frozen, module = "gnl._native")]
+pub struct RawJob {
+    #[pyo3(get)]
+    id: String,
+    #[pyo3(get)]
+    r#type: String,
+    #[pyo3(get)]
+    org_id: Option<String>,
+    #[pyo3(get)]
+    payload: String,
+    #[pyo3(get)]
+    state: String,
+    #[pyo3(get)]
+    attempts: i64,
+    #[pyo3(get)]
+    max_attempts: i64,
+    #[pyo3(get)]
+    last_error: Option<String>,
+    #[pyo3(get)]
+    result: Option<String>,
+    #[pyo3(get)]
+    created_at: i64,
+    #[pyo3(get)]
+    updated_at: i64,
+    #[pyo3(get)]
+    run_at: i64,
+    #[pyo3(get)]
+    finished_at: Option<i64>,
+}
+
+fn org_opt(org: String) -> Option<String> {
+    if org.is_empty() {
+        None
+    } else {
+        Some(org)
+    }
+}
+
+impl From<JobRow> for RawJob {
+    fn from(r: JobRow) -> Self {
+        RawJob {
+            id: r.id,
+            r#type: r.typ,
+            org_id: org_opt(r.org),
+            payload: r.payload,
+            state: r.state,
+            attempts: r.attempts,
+            max_attempts: r.max_attempts,
+            last_error: r.last_error,
+            result: r.result,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+            run_at: r.run_at,
+            finished_at: r.finished_at,
+        }
+    }
+}
+
+fn org_key(org: Option<&str>) -> PyResult<String> {
+    match org {
+        None => Ok(String::new()),
+        Some(o) => {
+            crate::validate::org_id(o).map_err(to_py)?;
+            Ok(o.to_string())
+        }
+    }
+}
+
+/// An open store (connection pool). `gnl.Storage` wraps one.
+#[pyclass(frozen, module = "gnl._native")]
+pub struct NativeStore {
+    inner: Arc<dyn Store>,
+}
+
+#[pymethods]
+impl NativeStore {
+    #[getter]
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+
+    #[getter]
+    fn query_count(&self) -> u64 {
+        self.inner.query_count()
+    }
+
+    fn now_ms<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let s = self.inner.clone();
+        spawn(py, async move { s.now_ms().await })
+    }
+
+    /// Check and insert jobs (`enqueue` when `single`, else `enqueue_many`); returns the ids.
+    fn enqueue<'py>(&self, py: Python<'py>, jobs: &Bound<'py, PyAny>, single: bool) -> PyResult<Bound<'py, PyAny>> {
+        let rows = jobs::convert(py, jobs, single)?;
+        let s = self.inner.clone();
+        spawn(py, async move {
+            s.enqueue(&rows).await?;
+            Ok(rows.into_iter().map(|r| r.id).collect::<Vec<String>>())
+        })
+    }
+
+    #[pyo3(signature = (org_id, id))]
+    fn get_job<'py>(&self, py: Python<'py>, org_id: Option<&str>, id: &str) -> PyResult<Bound<'py, PyAny>> {
+        let org = org_key(org_id)?;
+        let id = id.to_string();
+        let s = self.inner.clone();
+        spawn(py, async move { Ok(s.get_job(&org, &id).await?.map(RawJob::from)) })
+    }
+
+    /// One page of one lane (`org_id` None: jobs without organization) or, with `all`, of
+    /// every lane. Returns `(jobs, next_cursor)`.
+    #[pyo3(signature = (all, org_id, state, r#type, limit, cursor))]
+    #[allow(clippy::too_many_arguments)]
+    fn list_jobs<'py>(
+        &self,
+        py: Python<'py>,
+        all: bool,
+        org_id: Option<&str>,
+        state: Option<&str>,
+        r#type: Option<&str>,
+        limit: i64,
+        cursor: Option<&str>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let f = if all { "list_all_jobs" } else { "list_jobs" };
+        if !(1..=10_000).contains(&limit) {
+            return Err(InvalidArgumentError::new_err(format!("limit must be between 1 and 10000, got {limit}")));
+        }
+        if let Some(st) = state {
+            if !STATES.contains(&st) {
+                return Err(InvalidArgumentError::new_err(format!(
+                    "state must be one of {}, got {st:?}",
+                    STATES.join(", ")
+                )));
+            }
+        }
+        let org = org_key(org_id)?;
+        let filters: Vec<Option<String>> = if all {
+            vec![]
+        } else {
+            vec![org_id.map(String::from), state.map(String::from), r#type.map(String::from)]
+        };
+        let decoded = cursor.map(|c| Cursor::decode(c, f, &filters)).transpose().map_err(to_py)?;
+        let scope = if all {
+            ListScope::All
+        } else {
+            ListScope::Lane { org, state: state.map(String::from), typ: r#type.map(String::from) }
+        };
+        let s = self.inner.clone();
+        let f = f.to_string();
+        spawn(py, async move {
+            let snapshot = match &decoded {
+                Some(c) => c.s,
+                None => s.max_seq().await?,
+            };
+            let after = decoded.as_ref().map(|c| (c.o.clone(), c.q));
+            let q = ListQuery { scope, snapshot, after, limit: limit + 1 };
+            let mut rows = s.list_jobs(&q).await?;
+            let next = if rows.len() as i64 > limit {
+                rows.truncate(limit as usize);
+                let last = rows.last().expect("limit >= 1");
+                Some(Cursor { f, k: filters, s: snapshot, o: last.org.clone(), q: last.seq }.encode())
+            } else {
+                None
+            };
+            Ok((rows.into_iter().map(RawJob::from).collect::<Vec<_>>(), next))
+        })
+    }
+
+    #[pyo3(signature = (org_id, id))]
+    fn retry_job<'py>(&self, py: Python<'py>, org_id: Option<&str>, id: &str) -> PyResult<Bound<'py, PyAny>> {
+        let org = org_key(org_id)?;
+        let id = id.to_string();
+        let s = self.inner.clone();
+        spawn(py, async move { s.retry_job(&org, &id).await })
+    }
+
+    #[pyo3(signature = (org_id, id, reason))]
+    fn cancel_job<'py>(
+        &self,
+        py: Python<'py>,
+        org_id: Option<&str>,
+        id: &str,
+        reason: Option<String>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let org = org_key(org_id)?;
+        let id = id.to_string();
+        let s = self.inner.clone();
+        spawn(py, async move { s.cancel_job(&org, &id, reason.as_deref()).await })
+    }
+
+    fn step_get<'py>(&self, py: Python<'py>, run_id: String, name: String) -> PyResult<Bound<'py, PyAny>> {
+        let s = self.inner.clone();
+        spawn(py, async move { s.step_get(&run_id, &name).await })
+    }
+
+    /// Record `value` (checked as JSON) for step `name` unless recorded; returns the kept JSON.
+    fn step_put<'py>(
+        &self,
+        py: Python<'py>,
+        run_id: String,
+        name: String,
+        value: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let text = json::encode(value, &format!("the result of step {name:?}"))?;
+        let s = self.inner.clone();
+        spawn(py, async move { s.step_put(&run_id, &name, &text).await })
+    }
+
+    fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let s = self.inner.clone();
+        spawn(py, async move {
+            s.close().await;
+            Ok(())
+        })
+    }
+}
+
+/// The native half of a worker (see `crate::worker`).
+#[pyclass(module = "gnl._native")]
+pub struct NativeWorker {
+    core: Option<WorkerCore>,
+}
+
+impl NativeWorker {
+    fn core(&self) -> PyResult<&WorkerCore> {
+        self.core.as_ref().ok_or_else(|| to_py(Error::Closed))
+    }
+}
+
+#[pymethods]
+impl NativeWorker {
+    /// `on_revoke(seq, why)` is scheduled on `loop` with `call_soon_threadsafe`;
+    /// `on_log(message)` is called from a native thread.
+    #[new]
+    #[pyo3(signature = (store, owner, ttl_ms, max_attempts, on_revoke, on_log, event_loop))]
+    fn new(
+        store: &NativeStore,
+        owner: String,
+        ttl_ms: i64,
+        max_attempts: i64,
+        on_revoke: Py<PyAny>,
+        on_log: Py<PyAny>,
+        event_loop: Py<PyAny>,
+    ) -> PyResult<Self> {
+        crate::validate::duration_ms("ttl_ms", ttl_ms, 3).map_err(to_py)?;
+        crate::validate::count("max_attempts", max_attempts, 1).map_err(to_py)?;
+        let revoke = Arc::new(move |seq: i64, why: &'static str| {
+            Python::attach(|py| {
+                // A closed loop means the worker is gone; nothing is left to tell.
+                let _ = event_loop.call_method1(py, "call_soon_threadsafe", (on_revoke.clone_ref(py), seq, why));
+            })
+        });
+        let log = Arc::new(move |msg: String| {
+            Python::attach(|py| {
+                let _ = on_log.call1(py, (msg,));
+            })
+        });
+        let rt = pyo3_async_runtimes::tokio::get_runtime().handle().clone();
+        let req = ClaimRequest { owner, limit: 0, ttl_ms, max_attempts };
+        Ok(NativeWorker { core: Some(WorkerCore::start(&rt, store.inner.clone(), req, revoke, log)) })
+    }
+
+    /// Write waiting outcomes and claim up to `n` jobs:
+    /// `[(seq, token, org_id, id, type, payload_json, attempt)]`.
+    fn claim<'py>(&self, py: Python<'py>, n: usize) -> PyResult<Bound<'py, PyAny>> {
+        let fut = self.core()?.shared_claim(n);
+        spawn(py, async move {
+            let jobs = fut.await?;
+            Ok(jobs
+                .into_iter()
+                .map(|j| (j.seq, j.token, org_opt(j.org), j.id, j.typ, j.payload, j.attempt))
+                .collect::<Vec<_>>())
+        })
+    }
+
+    /// The handler returned `result`; a result that is not JSON raises and records nothing.
+    fn done(&self, seq: i64, token: i64, result: &Bound<'_, PyAny>) -> PyResult<()> {
+        let text = if result.is_none() { None } else { Some(json::encode(result, "the handler's result")?) };
+        self.core()?.finish(Outcome::Done { seq, token, result: text });
+        Ok(())
+    }
+
+    /// The attempt failed; retried after `delay_ms` (None: the default exponential backoff).
+    #[pyo3(signature = (seq, token, error, attempt, delay_ms))]
+    fn fail(&self, seq: i64, token: i64, error: String, attempt: i64, delay_ms: Option<i64>) -> PyResult<()> {
+        let delay = match delay_ms {
+            Some(d) => d.max(0),
+            None => crate::retry::default_job_retry_delay_ms(attempt, rand::random::<f64>() * 2.0 - 1.0),
+        };
+        self.core()?.finish(Outcome::Failed { seq, token, error, delay_ms: delay });
+        Ok(())
+    }
+
+    fn flush<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let fut = self.core()?.shared_flush();
+        spawn(py, fut)
+    }
+
+    #[getter]
+    fn held(&self) -> usize {
+        self.core.as_ref().map(|c| c.held()).unwrap_or(0)
+    }
+
+    fn close(&mut self) {
+        if let Some(mut c) = self.core.take() {
+            c.close();
+        }
+    }
+}
+
+/// Open a store: `connect(url, max_connections, create) -> NativeStore`.
+#[pyfunction]
+fn connect(py: Python<'_>, url: String, max_connections: u32, create: bool) -> PyResult<Bound<'_, PyAny>> {
+    if max_connections == 0 {
+        return Err(InvalidArgumentError::new_err("max_connections must be >= 1"));
+    }
+    crate::store::url::parse(&url).map_err(to_py)?;
+    spawn(py, async move {
+        let inner = store::open(&url, max_connections, create).await?;
+        Ok(NativeStore { inner })
+    })
+}
+
+/// Bring a store to the current schema; returns the version.
+#[pyfunction]
+fn upgrade(py: Python<'_>, url: String) -> PyResult<Bound<'_, PyAny>> {
+    crate::store::url::parse(&url).map_err(to_py)?;
+    spawn(py, async move { store::upgrade(&url).await })
+}
+
+/// Check `value` as JSON and return its text (`what` names it in errors).
+#[pyfunction]
+fn encode_json(value: &Bound<'_, PyAny>, what: &str) -> PyResult<String> {
+    json::encode(value, what)
+}
+
+/// The durable run id of a job.
+#[pyfunction]
+#[pyo3(signature = (org_id, id))]
+fn job_run_id(org_id: Option<&str>, id: &str) -> String {
+    crate::ids::job_run_id(org_id.unwrap_or(""), id)
+}
+
+/// The default retry delay (ms) after failed attempt `attempt`, with jitter.
+#[pyfunction]
+fn default_retry_delay_ms(attempt: i64) -> i64 {
+    crate::retry::default_job_retry_delay_ms(attempt, rand::random::<f64>() * 2.0 - 1.0)
+}
+
+#[pymodule]
+#[pyo3(name = "_native")]
+fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<NativeStore>()?;
+    m.add_class::<NativeWorker>()?;
+    m.add_class::<RawJob>()?;
+    m.add_function(wrap_pyfunction!(connect, m)?)?;
+    m.add_function(wrap_pyfunction!(upgrade, m)?)?;
+    m.add_function(wrap_pyfunction!(encode_json, m)?)?;
+    m.add_function(wrap_pyfunction!(job_run_id, m)?)?;
+    m.add_function(wrap_pyfunction!(default_retry_delay_ms, m)?)?;
+    m.add("SCHEMA_VERSION", store::latest_version("sqlite"))?;
+    Ok(())
+}

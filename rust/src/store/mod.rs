@@ -1,0 +1,108 @@
+//! The `Store` trait: everything the queue asks of a database, one engine per backend.
+//!
+//! Engines: `sqlite` (embedded default). The Postgres and MySQL engines implement the same
+//! trait (their own SQL and migrations); one conformance suite (tests/) proves they agree.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::error::{Error, Result};
+use crate::model::{ClaimRequest, ClaimedJob, JobRow, LeaseRef, ListQuery, NewJob, Outcome, RenewStatus};
+
+pub mod sqlite;
+pub mod url;
+
+/// The operations of a work store and journal. All instants are the store's clock (epoch ms).
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// "sqlite", "postgres" or "mysql".
+    fn backend(&self) -> &'static str;
+    /// The number of SQL statements sent so far.
+    fn query_count(&self) -> u64;
+    /// The store's clock, epoch ms UTC.
+    async fn now_ms(&self) -> Result<i64>;
+    /// The schema version recorded in the store; `None` for a store without gnl tables.
+    async fn schema_version(&self) -> Result<Option<i64>>;
+    /// Apply every migration newer than the store's version (idempotent, safe under races).
+    async fn migrate(&self) -> Result<()>;
+
+    /// Insert jobs in one transaction, all or none. Ids already present (or repeated in the
+    /// call) are one job. Fails with `QueueFull` (and writes nothing) when a job's
+    /// `max_depth` would be exceeded by its organization's pending jobs.
+    async fn enqueue(&self, jobs: &[NewJob]) -> Result<()>;
+
+    /// Write `finished` outcomes, reclaim expired leases, then claim up to `req.limit` due jobs
+    /// taking the lanes that waited longest in turn, in one transaction.
+    async fn claim(&self, finished: &[Outcome], req: &ClaimRequest) -> Result<Vec<ClaimedJob>>;
+    /// Write outcomes; each is conditional on (seq, token, state running).
+    async fn finish(&self, outcomes: &[Outcome]) -> Result<()>;
+    /// Extend leases by `ttl_ms`; one status per lease, in order.
+    async fn renew(&self, leases: &[LeaseRef], ttl_ms: i64) -> Result<Vec<RenewStatus>>;
+
+    async fn get_job(&self, org: &str, id: &str) -> Result<Option<JobRow>>;
+    /// The highest job seq (0 when empty): a listing's snapshot.
+    async fn max_seq(&self) -> Result<i64>;
+    async fn list_jobs(&self, q: &ListQuery) -> Result<Vec<JobRow>>;
+    /// dead -> pending with attempts 0; false (and no change) otherwise.
+    async fn retry_job(&self, org: &str, id: &str) -> Result<bool>;
+    /// pending -> canceled; running -> cancel requested; false for finished or unknown jobs.
+    async fn cancel_job(&self, org: &str, id: &str, reason: Option<&str>) -> Result<bool>;
+
+    /// The recorded result (JSON text) of step `name` of run `run_id`.
+    async fn step_get(&self, run_id: &str, name: &str) -> Result<Option<String>>;
+    /// Record a step result unless one exists; returns the kept (first written) result.
+    async fn step_put(&self, run_id: &str, name: &str, result: &str) -> Result<String>;
+
+    async fn close(&self);
+}
+
+/// Open a store by URL and check its schema: an empty store gets the current schema when
+/// `create`, an older one is refused with `SchemaOutdated`, a newer one with `SchemaTooNew`.
+pub async fn open(url: &str, max_connections: u32, create: bool) -> Result<Arc<dyn Store>> {
+    let store = connect(url, max_connections).await?;
+    let latest = latest_version(store.backend());
+    match store.schema_version().await? {
+        None if create => store.migrate().await?,
+        None => return Err(Error::SchemaOutdated { found: 0, expected: latest, url: url.to_string() }),
+        Some(v) if v < latest => {
+            return Err(Error::SchemaOutdated { found: v, expected: latest, url: url.to_string() })
+        }
+        Some(v) if v > latest => return Err(Error::SchemaTooNew { found: v, expected: latest }),
+        Some(_) => {}
+    }
+    Ok(store)
+}
+
+/// Bring a store to the current schema (`gnl upgrade`).
+pub async fn upgrade(url: &str) -> Result<i64> {
+    let store = connect(url, 2).await?;
+    let latest = latest_version(store.backend());
+    if let Some(v) = store.schema_version().await? {
+        if v > latest {
+            store.close().await;
+            return Err(Error::SchemaTooNew { found: v, expected: latest });
+        }
+    }
+    let r = store.migrate().await;
+    store.close().await;
+    r.map(|_| latest)
+}
+
+async fn connect(url: &str, max_connections: u32) -> Result<Arc<dyn Store>> {
+    match url::parse(url)? {
+        url::Target::Sqlite(t) => Ok(Arc::new(sqlite::SqliteStore::connect(t, max_connections, url).await?)),
+        url::Target::Postgres(_) | url::Target::Mysql(_) => Err(Error::UnsupportedStore(format!(
+            "this build of gnl has no engine for {}: only SQLite is available so far",
+            url.split(':').next().unwrap_or("")
+        ))),
+    }
+}
+
+/// The newest schema version this package knows for `backend`.
+pub fn latest_version(backend: &str) -> i64 {
+    match backend {
+        "sqlite" => sqlite::MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0),
+        _ => 0,
+    }
+}

@@ -1,0 +1,264 @@
+//! The native half of a queue worker: claims, the lease set and its renewal timer, and the
+//! group-committed outcome writer. The Python half (`gnl.worker`) runs handlers and calls in.
+//!
+//! * `claim(n)` writes every outcome that is waiting and claims up to `n` jobs in one store
+//!   call (one transaction), and adds the new leases to the lease set.
+//! * `finish(outcome)` takes the lease out of the set and queues the outcome; a writer task
+//!   writes whatever has queued in one transaction (group commit).
+//! * A renewal task extends every held lease each `ttl_ms/3`, off the Python thread. A lease
+//!   that the store says is not ours, or three renewals in a row that fail, reach the Python
+//!   side through `on_revoke(seq, why)`; so does a `cancel_job` of a running job.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use crate::error::{Error, Result};
+use crate::model::{ClaimRequest, ClaimedJob, LeaseRef, Outcome, RenewStatus};
+use crate::store::Store;
+
+/// Called (from a tokio thread) when a held job must stop: `why` is "lease-lost" or "canceled".
+pub type RevokeFn = Arc<dyn Fn(i64, &'static str) + Send + Sync>;
+/// Called (from a tokio thread) to report a store problem a loop carries on through.
+pub type LogFn = Arc<dyn Fn(String) + Send + Sync>;
+
+/// Renewals in a row that may fail before the holder assumes its leases are lost.
+pub const MAX_RENEW_FAILURES: u32 = 3;
+
+struct Shared {
+    store: Arc<dyn Store>,
+    req: ClaimRequest,
+    /// Held leases: seq -> fencing token.
+    held: Mutex<HashMap<i64, i64>>,
+    /// Seqs whose cancel has been reported already.
+    cancel_told: Mutex<HashSet<i64>>,
+    /// Outcomes waiting to be written.
+    pending: Mutex<Vec<Outcome>>,
+    wake_writer: Notify,
+    /// Serializes the writer task and `flush()` so outcomes are written in order, once.
+    write_turn: tokio::sync::Mutex<()>,
+    closed: AtomicBool,
+    on_revoke: RevokeFn,
+    log: LogFn,
+}
+
+pub struct WorkerCore {
+    shared: Arc<Shared>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl WorkerCore {
+    /// Start the renewal and writer tasks on `rt`.
+    pub fn start(
+        rt: &tokio::runtime::Handle,
+        store: Arc<dyn Store>,
+        req: ClaimRequest,
+        on_revoke: RevokeFn,
+        log: LogFn,
+    ) -> Self {
+        let shared = Arc::new(Shared {
+            store,
+            req,
+            held: Mutex::new(HashMap::new()),
+            cancel_told: Mutex::new(HashSet::new()),
+            pending: Mutex::new(Vec::new()),
+            wake_writer: Notify::new(),
+            write_turn: tokio::sync::Mutex::new(()),
+            closed: AtomicBool::new(false),
+            on_revoke,
+            log,
+        });
+        let tasks = vec![rt.spawn(renew_loop(shared.clone())), rt.spawn(writer_loop(shared.clone()))];
+        WorkerCore { shared, tasks }
+    }
+
+    /// Write waiting outcomes and claim up to `n` jobs, in one store call.
+    pub async fn claim(&self, n: usize) -> Result<Vec<ClaimedJob>> {
+        claim(self.shared.clone(), n).await
+    }
+
+    /// Queue the outcome of an attempt; the lease stops being renewed now.
+    pub fn finish(&self, outcome: Outcome) {
+        let s = &self.shared;
+        let seq = outcome.seq();
+        s.held.lock().unwrap().remove(&seq);
+        s.cancel_told.lock().unwrap().remove(&seq);
+        s.pending.lock().unwrap().push(outcome);
+        s.wake_writer.notify_one();
+    }
+
+    /// Write every queued outcome now.
+    pub async fn flush(&self) -> Result<()> {
+        flush(self.shared.clone()).await
+    }
+
+    pub fn shared_flush(&self) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
+        flush(self.shared.clone())
+    }
+
+    pub fn shared_claim(&self, n: usize) -> impl std::future::Future<Output = Result<Vec<ClaimedJob>>> + Send + 'static {
+        claim(self.shared.clone(), n)
+    }
+
+    /// The number of leases held.
+    pub fn held(&self) -> usize {
+        self.shared.held.lock().unwrap().len()
+    }
+
+    /// Stop the timers. Held leases are not released early: they expire (API: `stop` releases
+    /// nothing early), so a job whose handler never finished is reclaimed after `ttl_ms`.
+    pub fn close(&mut self) {
+        self.shared.closed.store(true, Ordering::SeqCst);
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
+    }
+}
+
+impl Drop for WorkerCore {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+async fn claim(s: Arc<Shared>, n: usize) -> Result<Vec<ClaimedJob>> {
+    if s.closed.load(Ordering::SeqCst) {
+        return Err(Error::Closed);
+    }
+    let _turn = s.write_turn.lock().await;
+    let outcomes = std::mem::take(&mut *s.pending.lock().unwrap());
+    let mut req = s.req.clone();
+    req.limit = n;
+    match s.store.claim(&outcomes, &req).await {
+        Ok(jobs) => {
+            let mut held = s.held.lock().unwrap();
+            for j in &jobs {
+                held.insert(j.seq, j.token);
+            }
+            Ok(jobs)
+        }
+        Err(e) => {
+            // Nothing was written: put the outcomes back in front of any newer ones.
+            let mut p = s.pending.lock().unwrap();
+            let newer = std::mem::replace(&mut *p, outcomes);
+            p.extend(newer);
+            Err(e)
+        }
+    }
+}
+
+async fn flush(s: Arc<Shared>) -> Result<()> {
+    let _turn = s.write_turn.lock().await;
+    let batch = std::mem::take(&mut *s.pending.lock().unwrap());
+    if batch.is_empty() {
+        return Ok(());
+    }
+    match s.store.finish(&batch).await {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            if e.is_transient() {
+                let mut p = s.pending.lock().unwrap();
+                let newer = std::mem::replace(&mut *p, batch);
+                p.extend(newer);
+            }
+            Err(e)
+        }
+    }
+}
+
+async fn writer_loop(s: Arc<Shared>) {
+    let mut backoff_ms = 50u64;
+    loop {
+        s.wake_writer.notified().await;
+        // Let outcomes that finish together share one transaction.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        loop {
+            if s.pending.lock().unwrap().is_empty() {
+                break;
+            }
+            match flush(s.clone()).await {
+                Ok(()) => backoff_ms = 50,
+                Err(e) if e.is_transient() => {
+                    (s.log)(format!("gnl worker: writing job outcomes failed, retrying in {backoff_ms} ms: {e}"));
+                    tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
+                    backoff_ms = (backoff_ms * 2).min(5_000);
+                }
+                Err(e) => {
+                    // Not retryable: the leases of these jobs expire and the jobs are reclaimed.
+                    (s.log)(format!("gnl worker: job outcomes could not be written and were dropped (the jobs will be reclaimed after their lease): {e}"));
+                    break;
+                }
+            }
+        }
+    }
+}
+
+async fn renew_loop(s: Arc<Shared>) {
+    let every = Duration::from_millis((s.req.ttl_ms / 3).max(1) as u64);
+    let mut failures = 0u32;
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let leases: Vec<LeaseRef> =
+            s.held.lock().unwrap().iter().map(|(seq, token)| LeaseRef { seq: *seq, token: *token }).collect();
+        if leases.is_empty() {
+            failures = 0;
+            continue;
+        }
+        match s.store.renew(&leases, s.req.ttl_ms).await {
+            Ok(status) => {
+                failures = 0;
+                for (l, st) in leases.iter().zip(status) {
+                    match st {
+                        RenewStatus::Held => {}
+                        RenewStatus::CancelRequested => {
+                            if s.cancel_told.lock().unwrap().insert(l.seq) {
+                                (s.on_revoke)(l.seq, "canceled");
+                            }
+                        }
+                        RenewStatus::Lost => {
+                            let was_ours = {
+                                let mut held = s.held.lock().unwrap();
+                                if held.get(&l.seq) == Some(&l.token) {
+                                    held.remove(&l.seq);
+                                    true
+                                } else {
+                                    false // finished meanwhile
+                                }
+                            };
+                            if was_ours {
+                                (s.on_revoke)(l.seq, "lease-lost");
+                            }
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                failures += 1;
+                (s.log)(format!(
+                    "gnl worker: lease renewal failed ({failures} in a row, {MAX_RENEW_FAILURES} allowed): {e}"
+                ));
+                if failures >= MAX_RENEW_FAILURES {
+                    let lost: Vec<i64> = {
+                        let mut held = s.held.lock().unwrap();
+                        let seqs: Vec<i64> = leases.iter().map(|l| l.seq).filter(|q| held.contains_key(q)).collect();
+                        for q in &seqs {
+                            held.remove(q);
+                        }
+                        seqs
+                    };
+                    for q in lost {
+                        (s.on_revoke)(q, "lease-lost");
+                    }
+                    failures = 0;
+                }
+            }
+        }
+    }
+}
