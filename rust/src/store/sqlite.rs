@@ -153,32 +153,31 @@ impl SqliteStore {
                 _ => None,
             })
             .collect();
-        // Done: one statement per chunk, the outcomes joined as a VALUES table.
-        let per_chunk = ((self.var_limit - 1) / 3).max(1);
+        // Done: one statement per chunk, the outcomes joined as a VALUES table. Anonymous `?`
+        // only: SQLite looks numbered parameters up by a linear scan (quadratic binds), and
+        // `now` is an integer we format ourselves.
+        let per_chunk = (self.var_limit / 3).max(1);
         for chunk in done.chunks(per_chunk) {
-            let mut sql = String::with_capacity(200 + chunk.len() * 12);
+            let mut sql = String::with_capacity(300 + chunk.len() * 8);
             sql.push_str("WITH o(seq, tok, res) AS (VALUES ");
             let mut args = SqliteArguments::default();
-            args.add(now).map_err(|e| Error::invalid(e.to_string()))?;
             for (i, (seq, tok, res)) in chunk.iter().enumerate() {
                 if i > 0 {
                     sql.push(',');
                 }
-                let b = 2 + 3 * i;
-                sql.push_str(&format!("(?{},?{},?{})", b, b + 1, b + 2));
+                sql.push_str("(?,?,?)");
                 args.add(*seq).map_err(|e| Error::invalid(e.to_string()))?;
                 args.add(*tok).map_err(|e| Error::invalid(e.to_string()))?;
                 args.add(*res).map_err(|e| Error::invalid(e.to_string()))?;
             }
-            // Placeholders are numbered: `?1` is `now`, the rows follow from `?2`.
-            let full = format!(
-                "{sql}) UPDATE gnl_jobs SET \
+            sql.push_str(&format!(
+                ") UPDATE gnl_jobs SET \
                    state = CASE WHEN cancel_requested = 1 THEN 'canceled' ELSE 'done' END, \
-                   result = o.res, finished_at = ?1, updated_at = ?1, lease_expires_at = NULL, lease_owner = NULL \
+                   result = o.res, finished_at = {now}, updated_at = {now}, lease_expires_at = NULL, lease_owner = NULL \
                  FROM o WHERE gnl_jobs.seq = o.seq AND gnl_jobs.lease_token = o.tok AND gnl_jobs.state = 'running'"
-            );
+            ));
             self.counted(1);
-            sqlx::query_with(&full, args).persistent(chunk.len() <= 256).execute(&mut **tx).await?;
+            sqlx::query_with(&sql, args).persistent(false).execute(&mut **tx).await?;
         }
         for o in outcomes {
             if let Outcome::Failed { seq, token, error, delay_ms } = o {
@@ -304,8 +303,8 @@ impl Store for SqliteStore {
         let _w = self.write.lock().await;
         let mut tx = self.begin_write().await?;
         let now = clock_ms();
-        // 5 binds a row; `?1` is `now`.
-        let per_chunk = ((self.var_limit - 1) / 5).max(1);
+        // 5 binds a row, anonymous `?` only (see `write_outcomes`); `now` is a literal.
+        let per_chunk = (self.var_limit / 5).max(1);
         let mut lanes: BTreeMap<&str, i64> = BTreeMap::new();
         let mut depth_limits: BTreeMap<&str, i64> = BTreeMap::new();
         for chunk in jobs.chunks(per_chunk) {
@@ -314,13 +313,13 @@ impl Store for SqliteStore {
                 "INSERT INTO gnl_jobs (org, id, type, payload, run_at, state, created_at, updated_at) VALUES ",
             );
             let mut args = SqliteArguments::default();
-            args.add(now).map_err(|e| Error::invalid(e.to_string()))?;
+            let tail = format!("'pending',{now},{now})");
             for (i, j) in chunk.iter().enumerate() {
                 if i > 0 {
                     sql.push(',');
                 }
-                let b = 2 + 5 * i;
-                sql.push_str(&format!("(?{},?{},?{},?{},?{},'pending',?1,?1)", b, b + 1, b + 2, b + 3, b + 4));
+                sql.push_str("(?,?,?,?,?,");
+                sql.push_str(&tail);
                 let run_at = j.run_at.unwrap_or_else(|| now + j.delay_ms.unwrap_or(0));
                 for v in [&j.org, &j.id, &j.typ, &j.payload] {
                     args.add(v.as_str()).map_err(|e| Error::invalid(e.to_string()))?;
@@ -468,25 +467,24 @@ impl Store for SqliteStore {
         let mut tx = self.begin_write().await?;
         let now = clock_ms();
         let mut status: BTreeMap<i64, RenewStatus> = BTreeMap::new();
-        let per_chunk = ((self.var_limit - 1) / 2).max(1);
+        let per_chunk = (self.var_limit / 2).max(1);
         for chunk in leases.chunks(per_chunk) {
             let mut sql = String::from("WITH l(seq, tok) AS (VALUES ");
             let mut args = SqliteArguments::default();
-            args.add(now + ttl_ms).map_err(|e| Error::invalid(e.to_string()))?;
             for (i, l) in chunk.iter().enumerate() {
                 if i > 0 {
                     sql.push(',');
                 }
-                let b = 2 + 2 * i;
-                sql.push_str(&format!("(?{},?{})", b, b + 1));
+                sql.push_str("(?,?)");
                 args.add(l.seq).map_err(|e| Error::invalid(e.to_string()))?;
                 args.add(l.token).map_err(|e| Error::invalid(e.to_string()))?;
             }
-            sql.push_str(
-                ") UPDATE gnl_jobs SET lease_expires_at = ?1 FROM l \
+            sql.push_str(&format!(
+                ") UPDATE gnl_jobs SET lease_expires_at = {} FROM l \
                  WHERE gnl_jobs.seq = l.seq AND gnl_jobs.lease_token = l.tok AND gnl_jobs.state = 'running' \
                  RETURNING gnl_jobs.seq, gnl_jobs.cancel_requested",
-            );
+                now + ttl_ms
+            ));
             self.counted(1);
             for r in sqlx::query_with(&sql, args).persistent(false).fetch_all(&mut *tx).await? {
                 let c: i64 = r.get(1);
@@ -626,5 +624,137 @@ impl Store for SqliteStore {
 
     async fn close(&self) {
         self.pool.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{open, Store};
+    use std::sync::Arc;
+
+    async fn store() -> Arc<dyn Store> {
+        open("sqlite::memory:", 1, true).await.unwrap()
+    }
+
+    fn job(org: &str, id: &str) -> NewJob {
+        NewJob {
+            org: org.into(),
+            id: id.into(),
+            typ: "t".into(),
+            payload: "{}".into(),
+            run_at: None,
+            delay_ms: None,
+            max_depth: None,
+        }
+    }
+
+    fn req(limit: usize, ttl_ms: i64) -> ClaimRequest {
+        ClaimRequest { owner: "w".into(), limit, ttl_ms, max_attempts: 2 }
+    }
+
+    #[tokio::test]
+    async fn lanes_are_served_in_turn() {
+        let s = store().await;
+        let mut jobs: Vec<NewJob> = (0..50).map(|i| job("big", &format!("b{i}"))).collect();
+        jobs.push(job("small", "s0"));
+        jobs.push(job("", "n0"));
+        s.enqueue(&jobs).await.unwrap();
+        let mut first = vec![];
+        for _ in 0..3 {
+            let got = s.claim(&[], &req(1, 60_000)).await.unwrap();
+            first.push(got[0].org.clone());
+        }
+        first.sort();
+        assert_eq!(first, vec!["".to_string(), "big".into(), "small".into()]);
+    }
+
+    #[tokio::test]
+    async fn a_batch_takes_lanes_in_turn_and_each_lane_in_order() {
+        let s = store().await;
+        let jobs: Vec<NewJob> = (0..6).map(|i| job(["a", "b"][i % 2], &format!("j{i}"))).collect();
+        s.enqueue(&jobs).await.unwrap();
+        let got = s.claim(&[], &req(4, 60_000)).await.unwrap();
+        let ids: Vec<&str> = got.iter().map(|j| j.id.as_str()).collect();
+        assert_eq!(ids, vec!["j0", "j2", "j1", "j3"]);
+    }
+
+    #[tokio::test]
+    async fn an_empty_poll_is_one_query() {
+        let s = store().await;
+        let before = s.query_count();
+        assert!(s.claim(&[], &req(10, 1_000)).await.unwrap().is_empty());
+        assert_eq!(s.query_count() - before, 1);
+    }
+
+    #[tokio::test]
+    async fn a_stale_holder_cannot_write_after_a_reclaim() {
+        let s = store().await;
+        s.enqueue(&[job("", "x")]).await.unwrap();
+        let first = s.claim(&[], &req(1, 5)).await.unwrap().remove(0);
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        // The lease expired: another claim reclaims the job with a new fencing token.
+        let second = s.claim(&[], &req(1, 60_000)).await.unwrap().remove(0);
+        assert_eq!(second.seq, first.seq);
+        assert_eq!(second.attempt, 2);
+        assert!(second.token > first.token);
+        // The stale holder's renewal and outcome change nothing.
+        let st = s.renew(&[LeaseRef { seq: first.seq, token: first.token }], 60_000).await.unwrap();
+        assert_eq!(st, vec![RenewStatus::Lost]);
+        s.finish(&[Outcome::Done { seq: first.seq, token: first.token, result: Some("1".into()) }]).await.unwrap();
+        assert_eq!(s.get_job("", "x").await.unwrap().unwrap().state, RUNNING);
+        s.finish(&[Outcome::Done { seq: second.seq, token: second.token, result: Some("2".into()) }]).await.unwrap();
+        let row = s.get_job("", "x").await.unwrap().unwrap();
+        assert_eq!((row.state.as_str(), row.result.as_deref()), (DONE, Some("2")));
+    }
+
+    #[tokio::test]
+    async fn a_crash_on_the_last_attempt_dead_letters_the_job() {
+        let s = store().await;
+        s.enqueue(&[job("", "x")]).await.unwrap();
+        for _ in 0..2 {
+            assert_eq!(s.claim(&[], &req(1, 1)).await.unwrap().len(), 1);
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert!(s.claim(&[], &req(1, 1)).await.unwrap().is_empty());
+        let row = s.get_job("", "x").await.unwrap().unwrap();
+        assert_eq!((row.state.as_str(), row.attempts), (DEAD, 2));
+        assert!(row.last_error.unwrap().contains("lease expired"));
+    }
+
+    #[tokio::test]
+    async fn failures_retry_after_the_delay_then_dead_letter() {
+        let s = store().await;
+        s.enqueue(&[job("", "x")]).await.unwrap();
+        let j = s.claim(&[], &req(1, 60_000)).await.unwrap().remove(0);
+        let fail = Outcome::Failed { seq: j.seq, token: j.token, error: "boom".into(), delay_ms: 60_000 };
+        assert!(s.claim(&[fail], &req(1, 60_000)).await.unwrap().is_empty(), "not due before its delay");
+        let row = s.get_job("", "x").await.unwrap().unwrap();
+        assert_eq!((row.state.as_str(), row.last_error.as_deref()), (PENDING, Some("boom")));
+    }
+
+    #[tokio::test]
+    async fn max_depth_counts_the_calls_own_jobs_and_writes_nothing() {
+        let s = store().await;
+        let mut jobs: Vec<NewJob> = (0..3).map(|i| job("a", &format!("{i}"))).collect();
+        jobs[0].max_depth = Some(2);
+        assert!(matches!(s.enqueue(&jobs).await, Err(Error::QueueFull { depth: 3, max_depth: 2, .. })));
+        assert_eq!(s.max_seq().await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn steps_keep_the_first_result() {
+        let s = store().await;
+        assert_eq!(s.step_put("r", "n", "1").await.unwrap(), "1");
+        assert_eq!(s.step_put("r", "n", "2").await.unwrap(), "1");
+        assert_eq!(s.step_get("r", "n").await.unwrap().as_deref(), Some("1"));
+    }
+
+    #[tokio::test]
+    async fn big_batches_are_split_below_the_variable_limit() {
+        let s = store().await;
+        let jobs: Vec<NewJob> = (0..20_000).map(|i| job("a", &format!("{i}"))).collect();
+        s.enqueue(&jobs).await.unwrap();
+        assert_eq!(s.max_seq().await.unwrap(), 20_000);
     }
 }

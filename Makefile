@@ -1,0 +1,47 @@
+# Two commands do all set-up on a fresh machine (README.md):
+#   make demo   - build gnl into .venv and run `gnl demo` (SQLite)
+#   make test   - build, start the databases, run every test (cargo test + pytest)
+# .ci/run calls `make test`.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.deps-stamp
+
+.PHONY: demo test build deps services lint bench clean
+
+$(STAMP): requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	touch $(STAMP)
+
+deps: $(STAMP)
+
+# maturin develop: builds the native module (release) and installs gnl (editable) + its deps.
+build: deps
+	$(VENV)/bin/maturin develop --release --quiet
+
+demo: build
+	$(VENV)/bin/gnl demo
+
+services:
+	./scripts/services.sh
+
+test: build services
+	cargo test --quiet
+	$(PY) -m pytest -q
+
+lint: deps
+	$(VENV)/bin/ruff check python tests benches
+	$(VENV)/bin/ruff format --check python tests benches
+	$(VENV)/bin/mypy
+	cargo fmt --check
+	cargo clippy --all-targets -- -D warnings
+
+bench: build
+	$(PY) benches/bench_enqueue_sqlite.py
+	$(PY) benches/bench_drain_sqlite.py
+
+clean:
+	rm -rf $(VENV) target
