@@ -35,7 +35,6 @@ JSON = Any
 T = TypeVar("T")
 
 
-
 @dataclass(frozen=True, slots=True)
 class JobSpec:
     """One job for :func:`enqueue_many` (a dict ``{"type", "payload", "options"}`` works too).
@@ -199,7 +198,9 @@ async def enqueue_many(
     return await native_of(work).enqueue(jobs, False)
 
 
-async def get_job(work: WorkStore | Storage, job_id: str, org_id: str | None = None) -> JobInfo | None:
+async def get_job(
+    work: WorkStore | Storage, job_id: str, org_id: str | None = None
+) -> JobInfo | None:
     """The job ``job_id`` of organization ``org_id`` (None: no organization), or None."""
     if not isinstance(job_id, str):
         raise TypeError(f"job_id must be a str, not {type(job_id).__name__}")
@@ -293,5 +294,3 @@ async def cancel_job(
     return await native_of(work).cancel_job(
         _opt_str(org_id, "org_id"), job_id, _opt_str(reason, "reason")
     )
-
-

@@ -7,6 +7,7 @@ native (``gnl._native.NativeWorker``); this module runs handlers and keeps the p
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import logging
@@ -295,12 +296,16 @@ class Worker:
             try:
                 jobs = await native.claim(free)
             except StoreUnavailableError as e:
-                log.warning("gnl worker %s: store unavailable, retrying in %d ms: %s", self.name, backoff, e)
+                log.warning(
+                    "gnl worker %s: store unavailable, retrying in %d ms: %s", self.name, backoff, e
+                )
                 await self._sleep(backoff)
                 backoff = min(backoff * 2, max(self.max_poll_ms, 5_000))
                 continue
             except GnlError as e:
-                log.error("gnl worker %s: claim failed, retrying in %d ms: %s", self.name, interval, e)
+                log.error(
+                    "gnl worker %s: claim failed, retrying in %d ms: %s", self.name, interval, e
+                )
                 await self._sleep(interval)
                 continue
             backoff = self.poll_ms
@@ -328,9 +333,9 @@ class Worker:
         seq = job[0]
         task = asyncio.get_running_loop().create_task(self._run(job))
         self._tasks[seq] = task
-        task.add_done_callback(lambda _t, seq=seq: self._release(seq))
+        task.add_done_callback(functools.partial(self._release, seq))
 
-    def _release(self, seq: int) -> None:
+    def _release(self, seq: int, _task: object = None) -> None:
         self._tasks.pop(seq, None)
         self._slot.set()
 
@@ -365,7 +370,11 @@ class Worker:
             raise
         except Exception as e:  # noqa: BLE001 - a handler's failure is data, not a crash
             reason = ctx.signal.reason
-            if isinstance(e, ExecutionRevokedError) and reason is not None and reason.why == "timeout":
+            if (
+                isinstance(e, ExecutionRevokedError)
+                and reason is not None
+                and reason.why == "timeout"
+            ):
                 error = f"timeout: the handler held the job past max_hold_ms={self.max_hold_ms}"
             else:
                 error = f"{type(e).__name__}: {e}"
@@ -389,7 +398,12 @@ class Worker:
             value = d(attempt)
             return check_int(value, "retry_delay_ms(attempt)", 0)
         except Exception as e:  # noqa: BLE001
-            log.error("gnl worker %s: retry_delay_ms(%d) failed (%s); using the default", self.name, attempt, e)
+            log.error(
+                "gnl worker %s: retry_delay_ms(%d) failed (%s); using the default",
+                self.name,
+                attempt,
+                e,
+            )
             return None
 
     # -- revocation ----------------------------------------------------------------------
@@ -404,7 +418,9 @@ class Worker:
             return
         ctx.signal.abort(why)
         if why in ("lease-lost", "timeout"):
-            asyncio.get_running_loop().call_later(self.ttl_ms / 1000, self._warn_if_running, ctx, why)
+            asyncio.get_running_loop().call_later(
+                self.ttl_ms / 1000, self._warn_if_running, ctx, why
+            )
 
     def _warn_if_running(self, ctx: JobContext, why: str) -> None:
         if ctx._warned or ctx not in self._active.values():
@@ -467,7 +483,9 @@ def create_worker(
     """
     st = storage_of(storage)
     if not isinstance(handlers, Mapping):
-        raise TypeError(f"handlers must be a mapping of job type to handler, not {type(handlers).__name__}")
+        raise TypeError(
+            f"handlers must be a mapping of job type to handler, not {type(handlers).__name__}"
+        )
     for k, h in handlers.items():
         if not isinstance(k, str):
             raise TypeError(f"handler keys must be job types (str), not {type(k).__name__}")
@@ -500,5 +518,3 @@ def create_worker(
         retry_delay_ms=retry_delay_ms,
         name=name,
     )
-
-

@@ -31,12 +31,17 @@ impl Cursor {
 
     /// Decode `text` and check it belongs to `f` with filters `k`.
     pub fn decode(text: &str, f: &str, k: &[Option<String>]) -> Result<Cursor> {
-        let bad = || Error::invalid("cursor is not a cursor this listing produced (garbled or truncated)");
+        let bad = || {
+            Error::invalid("cursor is not a cursor this listing produced (garbled or truncated)")
+        };
         let body = text.strip_prefix(PREFIX).ok_or_else(bad)?;
         let raw = URL_SAFE_NO_PAD.decode(body).map_err(|_| bad())?;
         let c: Cursor = serde_json::from_slice(&raw).map_err(|_| bad())?;
         if c.f != f {
-            return Err(Error::invalid(format!("cursor came from {}(), not {f}()", c.f)));
+            return Err(Error::invalid(format!(
+                "cursor came from {}(), not {f}()",
+                c.f
+            )));
         }
         if c.k != k {
             return Err(Error::invalid(
@@ -55,7 +60,13 @@ mod tests {
     use super::*;
 
     fn c() -> Cursor {
-        Cursor { f: "list_jobs".into(), k: vec![Some("acme".into()), None, None], s: 10, o: "acme".into(), q: 4 }
+        Cursor {
+            f: "list_jobs".into(),
+            k: vec![Some("acme".into()), None, None],
+            s: 10,
+            o: "acme".into(),
+            q: 4,
+        }
     }
 
     #[test]

@@ -14,14 +14,28 @@ pub enum Error {
     /// An argument of the wrong type (maps to plain `TypeError`).
     WrongType(String),
     /// `max_depth` would be exceeded (maps to `gnl.QueueFullError`).
-    QueueFull { org: Option<String>, depth: i64, max_depth: i64 },
+    QueueFull {
+        org: Option<String>,
+        depth: i64,
+        max_depth: i64,
+    },
     /// The store cannot be reached, or is busy past its timeout (maps to
     /// `gnl.StoreUnavailableError`); callers that loop retry it with backoff.
-    StoreUnavailable { reason: String, code: Option<String> },
+    StoreUnavailable {
+        reason: String,
+        code: Option<String>,
+    },
     /// The database refused a statement (maps to `gnl.GnlError` with `.code`).
-    Store { message: String, code: Option<String> },
+    Store {
+        message: String,
+        code: Option<String>,
+    },
     /// The store's schema is older than this package.
-    SchemaOutdated { found: i64, expected: i64, url: String },
+    SchemaOutdated {
+        found: i64,
+        expected: i64,
+        url: String,
+    },
     /// The store's schema is newer than this package.
     SchemaTooNew { found: i64, expected: i64 },
     /// The server is too old or otherwise unsupported.
@@ -86,26 +100,48 @@ impl From<sqlx::Error> for Error {
                     // SQLite: busy / locked / IO / cantopen.
                     Some(c) if SQLITE_TRANSIENT.contains(&c) => true,
                     // Postgres: connection exceptions, admin shutdown, cannot connect now.
-                    Some(c) if c.starts_with("08") || c == "57P01" || c == "57P02" || c == "57P03" => true,
+                    Some(c)
+                        if c.starts_with("08") || c == "57P01" || c == "57P02" || c == "57P03" =>
+                    {
+                        true
+                    }
                     // MySQL: lock wait timeout, deadlock, server gone.
                     Some("1205") | Some("1213") | Some("2006") | Some("2013") => true,
                     _ => false,
                 };
                 if transient {
-                    Error::StoreUnavailable { reason: db.message().to_string(), code }
+                    Error::StoreUnavailable {
+                        reason: db.message().to_string(),
+                        code,
+                    }
                 } else {
-                    Error::Store { message: db.message().to_string(), code }
+                    Error::Store {
+                        message: db.message().to_string(),
+                        code,
+                    }
                 }
             }
-            sqlx::Error::Io(io) => Error::StoreUnavailable { reason: io.to_string(), code: None },
+            sqlx::Error::Io(io) => Error::StoreUnavailable {
+                reason: io.to_string(),
+                code: None,
+            },
             sqlx::Error::PoolTimedOut => Error::StoreUnavailable {
                 reason: "timed out waiting for a connection from the pool".into(),
                 code: None,
             },
             sqlx::Error::PoolClosed => Error::Closed,
-            sqlx::Error::Tls(t) => Error::StoreUnavailable { reason: t.to_string(), code: None },
-            sqlx::Error::Protocol(p) => Error::StoreUnavailable { reason: p, code: None },
-            other => Error::Store { message: other.to_string(), code: None },
+            sqlx::Error::Tls(t) => Error::StoreUnavailable {
+                reason: t.to_string(),
+                code: None,
+            },
+            sqlx::Error::Protocol(p) => Error::StoreUnavailable {
+                reason: p,
+                code: None,
+            },
+            other => Error::Store {
+                message: other.to_string(),
+                code: None,
+            },
         }
     }
 }
@@ -116,7 +152,11 @@ mod tests {
 
     #[test]
     fn schema_outdated_names_the_upgrade_command() {
-        let e = Error::SchemaOutdated { found: 0, expected: 1, url: "sqlite:///x.db".into() };
+        let e = Error::SchemaOutdated {
+            found: 0,
+            expected: 1,
+            url: "sqlite:///x.db".into(),
+        };
         assert!(e.to_string().contains("gnl upgrade sqlite:///x.db"));
     }
 

@@ -69,9 +69,18 @@ pub struct ClaimRequest {
 #[derive(Debug, Clone)]
 pub enum Outcome {
     /// The handler returned; `result` is JSON text (or None).
-    Done { seq: i64, token: i64, result: Option<String> },
+    Done {
+        seq: i64,
+        token: i64,
+        result: Option<String>,
+    },
     /// The handler failed; retried after `delay_ms` unless attempts are used up.
-    Failed { seq: i64, token: i64, error: String, delay_ms: i64 },
+    Failed {
+        seq: i64,
+        token: i64,
+        error: String,
+        delay_ms: i64,
+    },
 }
 
 impl Outcome {
@@ -104,7 +113,11 @@ pub enum RenewStatus {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ListScope {
     /// One lane (`""` = jobs without organization), optionally filtered.
-    Lane { org: String, state: Option<String>, typ: Option<String> },
+    Lane {
+        org: String,
+        state: Option<String>,
+        typ: Option<String>,
+    },
     /// Every lane: no organization first, then organizations in name order.
     All,
 }

@@ -12,7 +12,9 @@ pub fn default_job_retry_delay_ms(attempt: i64, jitter: f64) -> i64 {
 /// `base * 2^(attempt-1)` capped at `cap`, scaled by `1 + 0.2 * jitter`.
 pub fn exponential_ms(attempt: i64, base: i64, cap: i64, jitter: f64) -> i64 {
     let exp = (attempt.max(1) - 1).min(62) as u32;
-    let raw = base.saturating_mul(1i64.checked_shl(exp).unwrap_or(i64::MAX)).min(cap);
+    let raw = base
+        .saturating_mul(1i64.checked_shl(exp).unwrap_or(i64::MAX))
+        .min(cap);
     let j = jitter.clamp(-1.0, 1.0);
     ((raw as f64) * (1.0 + 0.2 * j)).round() as i64
 }
@@ -29,8 +31,13 @@ mod tests {
 
     #[test]
     fn doubles_from_one_second_and_caps_at_a_minute() {
-        let d: Vec<i64> = (1..=8).map(|a| default_job_retry_delay_ms(a, 0.0)).collect();
-        assert_eq!(d, vec![1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 60_000, 60_000]);
+        let d: Vec<i64> = (1..=8)
+            .map(|a| default_job_retry_delay_ms(a, 0.0))
+            .collect();
+        assert_eq!(
+            d,
+            vec![1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 60_000, 60_000]
+        );
     }
 
     #[test]

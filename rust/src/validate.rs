@@ -17,14 +17,21 @@ fn is_control(c: char) -> bool {
 /// `org_id`: a non-empty string of at most 200 characters without control characters.
 pub fn org_id(org: &str) -> Result<()> {
     if org.is_empty() {
-        return Err(Error::invalid("org_id must be a non-empty string (use None for no organization)"));
+        return Err(Error::invalid(
+            "org_id must be a non-empty string (use None for no organization)",
+        ));
     }
     let n = org.chars().count();
     if n > MAX_ORG_LEN {
-        return Err(Error::invalid(format!("org_id is {n} characters long; at most {MAX_ORG_LEN} are allowed")));
+        return Err(Error::invalid(format!(
+            "org_id is {n} characters long; at most {MAX_ORG_LEN} are allowed"
+        )));
     }
     if let Some(c) = org.chars().find(|c| is_control(*c)) {
-        return Err(Error::invalid(format!("org_id must not contain control characters (found U+{:04X})", c as u32)));
+        return Err(Error::invalid(format!(
+            "org_id must not contain control characters (found U+{:04X})",
+            c as u32
+        )));
     }
     Ok(())
 }
@@ -32,11 +39,15 @@ pub fn org_id(org: &str) -> Result<()> {
 /// A job id given by the caller: non-empty, at most 1,000 characters, no NUL.
 pub fn job_id(id: &str) -> Result<()> {
     if id.is_empty() {
-        return Err(Error::invalid("id must be a non-empty string (use None for a generated id)"));
+        return Err(Error::invalid(
+            "id must be a non-empty string (use None for a generated id)",
+        ));
     }
     let n = id.chars().count();
     if n > MAX_ID_LEN {
-        return Err(Error::invalid(format!("id is {n} characters long; at most {MAX_ID_LEN} are allowed")));
+        return Err(Error::invalid(format!(
+            "id is {n} characters long; at most {MAX_ID_LEN} are allowed"
+        )));
     }
     if id.contains('\0') {
         return Err(Error::invalid("id must not contain NUL characters"));
@@ -51,7 +62,9 @@ pub fn job_type(t: &str) -> Result<()> {
     }
     let n = t.chars().count();
     if n > MAX_TYPE_LEN {
-        return Err(Error::invalid(format!("type is {n} characters long; at most {MAX_TYPE_LEN} are allowed")));
+        return Err(Error::invalid(format!(
+            "type is {n} characters long; at most {MAX_TYPE_LEN} are allowed"
+        )));
     }
     if t.chars().any(is_control) {
         return Err(Error::invalid("type must not contain control characters"));
@@ -62,7 +75,9 @@ pub fn job_type(t: &str) -> Result<()> {
 /// A duration in ms that must be `>= min`.
 pub fn duration_ms(name: &str, v: i64, min: i64) -> Result<()> {
     if v < min {
-        return Err(Error::invalid(format!("{name} must be >= {min} ms, got {v}")));
+        return Err(Error::invalid(format!(
+            "{name} must be >= {min} ms, got {v}"
+        )));
     }
     Ok(())
 }
@@ -85,7 +100,10 @@ mod tests {
         assert!(org_id(&"x".repeat(200)).is_ok());
         assert!(org_id(&"é".repeat(200)).is_ok(), "characters, not bytes");
         assert!(org_id("").unwrap_err().to_string().contains("non-empty"));
-        assert!(org_id(&"x".repeat(201)).unwrap_err().to_string().contains("201"));
+        assert!(org_id(&"x".repeat(201))
+            .unwrap_err()
+            .to_string()
+            .contains("201"));
         assert!(org_id("a\nb").unwrap_err().to_string().contains("U+000A"));
         assert!(org_id("a\u{2028}b").is_err());
     }

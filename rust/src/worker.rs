@@ -72,7 +72,10 @@ impl WorkerCore {
             on_revoke,
             log,
         });
-        let tasks = vec![rt.spawn(renew_loop(shared.clone())), rt.spawn(writer_loop(shared.clone()))];
+        let tasks = vec![
+            rt.spawn(renew_loop(shared.clone())),
+            rt.spawn(writer_loop(shared.clone())),
+        ];
         WorkerCore { shared, tasks }
     }
 
@@ -100,7 +103,10 @@ impl WorkerCore {
         flush(self.shared.clone())
     }
 
-    pub fn shared_claim(&self, n: usize) -> impl std::future::Future<Output = Result<Vec<ClaimedJob>>> + Send + 'static {
+    pub fn shared_claim(
+        &self,
+        n: usize,
+    ) -> impl std::future::Future<Output = Result<Vec<ClaimedJob>>> + Send + 'static {
         claim(self.shared.clone(), n)
     }
 
@@ -183,7 +189,9 @@ async fn writer_loop(s: Arc<Shared>) {
             match flush(s.clone()).await {
                 Ok(()) => backoff_ms = 50,
                 Err(e) if e.is_transient() => {
-                    (s.log)(format!("gnl worker: writing job outcomes failed, retrying in {backoff_ms} ms: {e}"));
+                    (s.log)(format!(
+                        "gnl worker: writing job outcomes failed, retrying in {backoff_ms} ms: {e}"
+                    ));
                     tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
                     backoff_ms = (backoff_ms * 2).min(5_000);
                 }
@@ -205,8 +213,16 @@ async fn renew_loop(s: Arc<Shared>) {
     tick.tick().await;
     loop {
         tick.tick().await;
-        let leases: Vec<LeaseRef> =
-            s.held.lock().unwrap().iter().map(|(seq, token)| LeaseRef { seq: *seq, token: *token }).collect();
+        let leases: Vec<LeaseRef> = s
+            .held
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(seq, token)| LeaseRef {
+                seq: *seq,
+                token: *token,
+            })
+            .collect();
         if leases.is_empty() {
             failures = 0;
             continue;
@@ -247,7 +263,11 @@ async fn renew_loop(s: Arc<Shared>) {
                 if failures >= MAX_RENEW_FAILURES {
                     let lost: Vec<i64> = {
                         let mut held = s.held.lock().unwrap();
-                        let seqs: Vec<i64> = leases.iter().map(|l| l.seq).filter(|q| held.contains_key(q)).collect();
+                        let seqs: Vec<i64> = leases
+                            .iter()
+                            .map(|l| l.seq)
+                            .filter(|q| held.contains_key(q))
+                            .collect();
                         for q in &seqs {
                             held.remove(q);
                         }

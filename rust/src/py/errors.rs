@@ -20,11 +20,21 @@ pub fn to_py(e: Error) -> PyErr {
     match e {
         Error::InvalidArgument(_) => InvalidArgumentError::new_err(msg),
         Error::WrongType(_) => PyTypeError::new_err(msg),
-        Error::QueueFull { org, depth, max_depth } => QueueFullError::new_err((msg, org, depth, max_depth)),
-        Error::StoreUnavailable { reason, code } => StoreUnavailableError::new_err((msg, code, reason)),
+        Error::QueueFull {
+            org,
+            depth,
+            max_depth,
+        } => QueueFullError::new_err((msg, org, depth, max_depth)),
+        Error::StoreUnavailable { reason, code } => {
+            StoreUnavailableError::new_err((msg, code, reason))
+        }
         Error::Store { code, .. } => GnlError::new_err((msg, code)),
-        Error::SchemaOutdated { found, expected, .. } => SchemaOutdatedError::new_err((msg, found, expected)),
-        Error::SchemaTooNew { found, expected } => SchemaTooNewError::new_err((msg, found, expected)),
+        Error::SchemaOutdated {
+            found, expected, ..
+        } => SchemaOutdatedError::new_err((msg, found, expected)),
+        Error::SchemaTooNew { found, expected } => {
+            SchemaTooNewError::new_err((msg, found, expected))
+        }
         Error::UnsupportedStore(_) => UnsupportedStoreError::new_err(msg),
         Error::Closed => GnlError::new_err(msg),
     }
@@ -32,5 +42,7 @@ pub fn to_py(e: Error) -> PyErr {
 
 /// The error that stands in for a Rust panic: a `GnlError`, never a `PanicException`.
 pub fn internal(what: &str) -> PyErr {
-    GnlError::new_err(format!("internal error in gnl's native core ({what}); please report it"))
+    GnlError::new_err(format!(
+        "internal error in gnl's native core ({what}); please report it"
+    ))
 }

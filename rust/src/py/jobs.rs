@@ -30,10 +30,14 @@ pub fn int_arg(v: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
     if v.is_instance_of::<PyBool>() || !v.is_instance_of::<PyInt>() {
         return Err(PyTypeError::new_err(format!(
             "{name} must be an int, not {}",
-            v.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+            v.get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
         )));
     }
-    v.extract::<i64>().map_err(|_| InvalidArgumentError::new_err(format!("{name} is out of range")))
+    v.extract::<i64>()
+        .map_err(|_| InvalidArgumentError::new_err(format!("{name} is out of range")))
 }
 
 /// An instant: int epoch ms, or an aware datetime (a naive one is refused).
@@ -42,14 +46,19 @@ pub fn instant_arg(v: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
         return int_arg(v, name);
     }
     if v.is_instance_of::<PyFloat>() {
-        return Err(PyTypeError::new_err(format!("{name} must be int epoch ms or an aware datetime, not float")));
+        return Err(PyTypeError::new_err(format!(
+            "{name} must be int epoch ms or an aware datetime, not float"
+        )));
     }
     let py = v.py();
     let datetime = py.import("datetime")?.getattr("datetime")?;
     if !v.is_instance(&datetime)? {
         return Err(PyTypeError::new_err(format!(
             "{name} must be int epoch ms or an aware datetime, not {}",
-            v.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+            v.get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
         )));
     }
     if v.call_method0("utcoffset")?.is_none() {
@@ -68,12 +77,17 @@ fn opt_str(v: Option<Bound<'_, PyAny>>, name: &str) -> PyResult<Option<String>> 
         Some(v) => match v.cast::<PyString>() {
             Ok(s) => Ok(Some(
                 s.to_str()
-                    .map_err(|_| InvalidArgumentError::new_err(format!("{name} is not valid Unicode")))?
+                    .map_err(|_| {
+                        InvalidArgumentError::new_err(format!("{name} is not valid Unicode"))
+                    })?
                     .to_string(),
             )),
             Err(_) => Err(PyTypeError::new_err(format!(
                 "{name} must be a str, not {}",
-                v.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+                v.get_type()
+                    .name()
+                    .map(|n| n.to_string())
+                    .unwrap_or_default()
             ))),
         },
     }
@@ -85,7 +99,11 @@ fn opt_present(v: Option<Bound<'_, PyAny>>) -> Option<Bound<'_, PyAny>> {
 
 /// Check one job and turn it into a `NewJob`.
 fn one(spec: &Bound<'_, PyAny>) -> PyResult<NewJob> {
-    let (typ, payload, opts): (Bound<'_, PyAny>, Bound<'_, PyAny>, [Option<Bound<'_, PyAny>>; 5]);
+    let (typ, payload, opts): (
+        Bound<'_, PyAny>,
+        Bound<'_, PyAny>,
+        [Option<Bound<'_, PyAny>>; 5],
+    );
     if let Ok(d) = spec.cast::<PyDict>() {
         for k in d.keys() {
             let ks: String = k.str()?.to_string();
@@ -96,14 +114,22 @@ fn one(spec: &Bound<'_, PyAny>) -> PyResult<NewJob> {
                 )));
             }
         }
-        typ = d.get_item("type")?.ok_or_else(|| PyTypeError::new_err("a job needs a 'type'"))?;
-        payload = d.get_item("payload")?.ok_or_else(|| PyTypeError::new_err("a job needs a 'payload'"))?;
+        typ = d
+            .get_item("type")?
+            .ok_or_else(|| PyTypeError::new_err("a job needs a 'type'"))?;
+        payload = d
+            .get_item("payload")?
+            .ok_or_else(|| PyTypeError::new_err("a job needs a 'payload'"))?;
         let mut o: [Option<Bound<'_, PyAny>>; 5] = Default::default();
         if let Some(options) = opt_present(d.get_item("options")?) {
             let od = options.cast::<PyDict>().map_err(|_| {
                 PyTypeError::new_err(format!(
                     "a job's 'options' must be a dict, not {}",
-                    options.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+                    options
+                        .get_type()
+                        .name()
+                        .map(|n| n.to_string())
+                        .unwrap_or_default()
                 ))
             })?;
             for (k, v) in od.iter() {
@@ -132,10 +158,14 @@ fn one(spec: &Bound<'_, PyAny>) -> PyResult<NewJob> {
     } else {
         return Err(PyTypeError::new_err(format!(
             "a job must be a dict {{'type', 'payload', 'options'}} or a gnl.JobSpec, not {}",
-            spec.get_type().name().map(|n| n.to_string()).unwrap_or_default()
+            spec.get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
         )));
     }
-    let typ = opt_str(Some(typ), "type")?.ok_or_else(|| PyTypeError::new_err("type must be a str, not None"))?;
+    let typ = opt_str(Some(typ), "type")?
+        .ok_or_else(|| PyTypeError::new_err("type must be a str, not None"))?;
     validate::job_type(&typ).map_err(to_py)?;
     let [id, org, run_at, delay_ms, max_depth] = opts;
     let org = opt_str(org, "org_id")?;
@@ -149,25 +179,43 @@ fn one(spec: &Bound<'_, PyAny>) -> PyResult<NewJob> {
         }
         None => new_job_id(),
     };
-    let run_at = opt_present(run_at).map(|v| instant_arg(&v, "run_at")).transpose()?;
-    let delay_ms = opt_present(delay_ms).map(|v| int_arg(&v, "delay_ms")).transpose()?;
+    let run_at = opt_present(run_at)
+        .map(|v| instant_arg(&v, "run_at"))
+        .transpose()?;
+    let delay_ms = opt_present(delay_ms)
+        .map(|v| int_arg(&v, "delay_ms"))
+        .transpose()?;
     if run_at.is_some() && delay_ms.is_some() {
-        return Err(InvalidArgumentError::new_err("give run_at or delay_ms, not both"));
+        return Err(InvalidArgumentError::new_err(
+            "give run_at or delay_ms, not both",
+        ));
     }
     if let Some(d) = delay_ms {
         validate::duration_ms("delay_ms", d, 0).map_err(to_py)?;
     }
     if let Some(r) = run_at {
         if r < 0 {
-            return Err(InvalidArgumentError::new_err(format!("run_at must be >= 0 epoch ms, got {r}")));
+            return Err(InvalidArgumentError::new_err(format!(
+                "run_at must be >= 0 epoch ms, got {r}"
+            )));
         }
     }
-    let max_depth = opt_present(max_depth).map(|v| int_arg(&v, "max_depth")).transpose()?;
+    let max_depth = opt_present(max_depth)
+        .map(|v| int_arg(&v, "max_depth"))
+        .transpose()?;
     if let Some(m) = max_depth {
         validate::count("max_depth", m, 1).map_err(to_py)?;
     }
     let payload = json::encode(&payload, "payload")?;
-    Ok(NewJob { org: org.unwrap_or_default(), id, typ, payload, run_at, delay_ms, max_depth })
+    Ok(NewJob {
+        org: org.unwrap_or_default(),
+        id,
+        typ,
+        payload,
+        run_at,
+        delay_ms,
+        max_depth,
+    })
 }
 
 /// Check every job; the first bad one refuses the call. With `single`, its error is raised as

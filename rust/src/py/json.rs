@@ -29,7 +29,9 @@ fn write(v: &Bound<'_, PyAny>, out: &mut String, path: &mut String, depth: usize
         out.push_str("null");
     } else if let Ok(s) = v.cast::<PyString>() {
         let s = s.to_str().map_err(|_| {
-            InvalidArgumentError::new_err(format!("{path} is a str that is not valid Unicode (a lone surrogate)"))
+            InvalidArgumentError::new_err(format!(
+                "{path} is a str that is not valid Unicode (a lone surrogate)"
+            ))
         })?;
         push_str(out, s);
     } else if let Ok(b) = v.cast::<PyBool>() {
@@ -42,9 +44,13 @@ fn write(v: &Bound<'_, PyAny>, out: &mut String, path: &mut String, depth: usize
     } else if let Ok(f) = v.cast::<PyFloat>() {
         let x = f.value();
         if !x.is_finite() {
-            return Err(InvalidArgumentError::new_err(format!("{path} is {x}: NaN and infinities are not JSON")));
+            return Err(InvalidArgumentError::new_err(format!(
+                "{path} is {x}: NaN and infinities are not JSON"
+            )));
         }
-        out.push_str(&serde_json::to_string(&x).map_err(|e| InvalidArgumentError::new_err(e.to_string()))?);
+        out.push_str(
+            &serde_json::to_string(&x).map_err(|e| InvalidArgumentError::new_err(e.to_string()))?,
+        );
     } else if let Ok(d) = v.cast::<PyDict>() {
         out.push('{');
         let base = path.len();
@@ -92,13 +98,18 @@ fn write(v: &Bound<'_, PyAny>, out: &mut String, path: &mut String, depth: usize
             "Decimal" => " (use a str or a float)",
             _ => "",
         };
-        return Err(PyTypeError::new_err(format!("{path} is of type {t}, which is not JSON{hint}")));
+        return Err(PyTypeError::new_err(format!(
+            "{path} is of type {t}, which is not JSON{hint}"
+        )));
     }
     Ok(())
 }
 
 fn type_name(v: &Bound<'_, PyAny>) -> String {
-    v.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into())
+    v.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into())
 }
 
 fn itoa_i64(n: i64) -> String {

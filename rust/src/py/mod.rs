@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 use pyo3::prelude::*;
 
-
 use crate::cursor::Cursor;
 use crate::error::Error;
 use crate::model::{ClaimRequest, JobRow, ListQuery, ListScope, Outcome, STATES};
@@ -127,7 +126,12 @@ impl NativeStore {
     }
 
     /// Check and insert jobs (`enqueue` when `single`, else `enqueue_many`); returns the ids.
-    fn enqueue<'py>(&self, py: Python<'py>, jobs: &Bound<'py, PyAny>, single: bool) -> PyResult<Bound<'py, PyAny>> {
+    fn enqueue<'py>(
+        &self,
+        py: Python<'py>,
+        jobs: &Bound<'py, PyAny>,
+        single: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let rows = jobs::convert(py, jobs, single)?;
         let s = self.inner.clone();
         spawn(py, async move {
@@ -137,11 +141,18 @@ impl NativeStore {
     }
 
     #[pyo3(signature = (org_id, id))]
-    fn get_job<'py>(&self, py: Python<'py>, org_id: Option<&str>, id: &str) -> PyResult<Bound<'py, PyAny>> {
+    fn get_job<'py>(
+        &self,
+        py: Python<'py>,
+        org_id: Option<&str>,
+        id: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let org = org_key(org_id)?;
         let id = id.to_string();
         let s = self.inner.clone();
-        spawn(py, async move { Ok(s.get_job(&org, &id).await?.map(RawJob::from)) })
+        spawn(py, async move {
+            Ok(s.get_job(&org, &id).await?.map(RawJob::from))
+        })
     }
 
     /// One page of one lane (`org_id` None: jobs without organization) or, with `all`, of
@@ -160,7 +171,9 @@ impl NativeStore {
     ) -> PyResult<Bound<'py, PyAny>> {
         let f = if all { "list_all_jobs" } else { "list_jobs" };
         if !(1..=10_000).contains(&limit) {
-            return Err(InvalidArgumentError::new_err(format!("limit must be between 1 and 10000, got {limit}")));
+            return Err(InvalidArgumentError::new_err(format!(
+                "limit must be between 1 and 10000, got {limit}"
+            )));
         }
         if let Some(st) = state {
             if !STATES.contains(&st) {
@@ -174,13 +187,24 @@ impl NativeStore {
         let filters: Vec<Option<String>> = if all {
             vec![]
         } else {
-            vec![org_id.map(String::from), state.map(String::from), r#type.map(String::from)]
+            vec![
+                org_id.map(String::from),
+                state.map(String::from),
+                r#type.map(String::from),
+            ]
         };
-        let decoded = cursor.map(|c| Cursor::decode(c, f, &filters)).transpose().map_err(to_py)?;
+        let decoded = cursor
+            .map(|c| Cursor::decode(c, f, &filters))
+            .transpose()
+            .map_err(to_py)?;
         let scope = if all {
             ListScope::All
         } else {
-            ListScope::Lane { org, state: state.map(String::from), typ: r#type.map(String::from) }
+            ListScope::Lane {
+                org,
+                state: state.map(String::from),
+                typ: r#type.map(String::from),
+            }
         };
         let s = self.inner.clone();
         let f = f.to_string();
@@ -190,12 +214,26 @@ impl NativeStore {
                 None => s.max_seq().await?,
             };
             let after = decoded.as_ref().map(|c| (c.o.clone(), c.q));
-            let q = ListQuery { scope, snapshot, after, limit: limit + 1 };
+            let q = ListQuery {
+                scope,
+                snapshot,
+                after,
+                limit: limit + 1,
+            };
             let mut rows = s.list_jobs(&q).await?;
             let next = if rows.len() as i64 > limit {
                 rows.truncate(limit as usize);
                 let last = rows.last().expect("limit >= 1");
-                Some(Cursor { f, k: filters, s: snapshot, o: last.org.clone(), q: last.seq }.encode())
+                Some(
+                    Cursor {
+                        f,
+                        k: filters,
+                        s: snapshot,
+                        o: last.org.clone(),
+                        q: last.seq,
+                    }
+                    .encode(),
+                )
             } else {
                 None
             };
@@ -204,7 +242,12 @@ impl NativeStore {
     }
 
     #[pyo3(signature = (org_id, id))]
-    fn retry_job<'py>(&self, py: Python<'py>, org_id: Option<&str>, id: &str) -> PyResult<Bound<'py, PyAny>> {
+    fn retry_job<'py>(
+        &self,
+        py: Python<'py>,
+        org_id: Option<&str>,
+        id: &str,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let org = org_key(org_id)?;
         let id = id.to_string();
         let s = self.inner.clone();
@@ -222,10 +265,17 @@ impl NativeStore {
         let org = org_key(org_id)?;
         let id = id.to_string();
         let s = self.inner.clone();
-        spawn(py, async move { s.cancel_job(&org, &id, reason.as_deref()).await })
+        spawn(py, async move {
+            s.cancel_job(&org, &id, reason.as_deref()).await
+        })
     }
 
-    fn step_get<'py>(&self, py: Python<'py>, run_id: String, name: String) -> PyResult<Bound<'py, PyAny>> {
+    fn step_get<'py>(
+        &self,
+        py: Python<'py>,
+        run_id: String,
+        name: String,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let s = self.inner.clone();
         spawn(py, async move { s.step_get(&run_id, &name).await })
     }
@@ -284,7 +334,11 @@ impl NativeWorker {
         let revoke = Arc::new(move |seq: i64, why: &'static str| {
             Python::attach(|py| {
                 // A closed loop means the worker is gone; nothing is left to tell.
-                let _ = event_loop.call_method1(py, "call_soon_threadsafe", (on_revoke.clone_ref(py), seq, why));
+                let _ = event_loop.call_method1(
+                    py,
+                    "call_soon_threadsafe",
+                    (on_revoke.clone_ref(py), seq, why),
+                );
             })
         });
         let log = Arc::new(move |msg: String| {
@@ -293,8 +347,21 @@ impl NativeWorker {
             })
         });
         let rt = pyo3_async_runtimes::tokio::get_runtime().handle().clone();
-        let req = ClaimRequest { owner, limit: 0, ttl_ms, max_attempts };
-        Ok(NativeWorker { core: Some(WorkerCore::start(&rt, store.inner.clone(), req, revoke, log)) })
+        let req = ClaimRequest {
+            owner,
+            limit: 0,
+            ttl_ms,
+            max_attempts,
+        };
+        Ok(NativeWorker {
+            core: Some(WorkerCore::start(
+                &rt,
+                store.inner.clone(),
+                req,
+                revoke,
+                log,
+            )),
+        })
     }
 
     /// Write waiting outcomes and claim up to `n` jobs:
@@ -305,26 +372,58 @@ impl NativeWorker {
             let jobs = fut.await?;
             Ok(jobs
                 .into_iter()
-                .map(|j| (j.seq, j.token, org_opt(j.org), j.id, j.typ, j.payload, j.attempt))
+                .map(|j| {
+                    (
+                        j.seq,
+                        j.token,
+                        org_opt(j.org),
+                        j.id,
+                        j.typ,
+                        j.payload,
+                        j.attempt,
+                    )
+                })
                 .collect::<Vec<_>>())
         })
     }
 
     /// The handler returned `result`; a result that is not JSON raises and records nothing.
     fn done(&self, seq: i64, token: i64, result: &Bound<'_, PyAny>) -> PyResult<()> {
-        let text = if result.is_none() { None } else { Some(json::encode(result, "the handler's result")?) };
-        self.core()?.finish(Outcome::Done { seq, token, result: text });
+        let text = if result.is_none() {
+            None
+        } else {
+            Some(json::encode(result, "the handler's result")?)
+        };
+        self.core()?.finish(Outcome::Done {
+            seq,
+            token,
+            result: text,
+        });
         Ok(())
     }
 
     /// The attempt failed; retried after `delay_ms` (None: the default exponential backoff).
     #[pyo3(signature = (seq, token, error, attempt, delay_ms))]
-    fn fail(&self, seq: i64, token: i64, error: String, attempt: i64, delay_ms: Option<i64>) -> PyResult<()> {
+    fn fail(
+        &self,
+        seq: i64,
+        token: i64,
+        error: String,
+        attempt: i64,
+        delay_ms: Option<i64>,
+    ) -> PyResult<()> {
         let delay = match delay_ms {
             Some(d) => d.max(0),
-            None => crate::retry::default_job_retry_delay_ms(attempt, rand::random::<f64>() * 2.0 - 1.0),
+            None => {
+                crate::retry::default_job_retry_delay_ms(attempt, rand::random::<f64>() * 2.0 - 1.0)
+            }
         };
-        self.core()?.finish(Outcome::Failed { seq, token, error, delay_ms: delay });
+        self.core()?.finish(Outcome::Failed {
+            seq,
+            token,
+            error,
+            delay_ms: delay,
+        });
         Ok(())
     }
 
@@ -347,9 +446,16 @@ impl NativeWorker {
 
 /// Open a store: `connect(url, max_connections, create) -> NativeStore`.
 #[pyfunction]
-fn connect(py: Python<'_>, url: String, max_connections: u32, create: bool) -> PyResult<Bound<'_, PyAny>> {
+fn connect(
+    py: Python<'_>,
+    url: String,
+    max_connections: u32,
+    create: bool,
+) -> PyResult<Bound<'_, PyAny>> {
     if max_connections == 0 {
-        return Err(InvalidArgumentError::new_err("max_connections must be >= 1"));
+        return Err(InvalidArgumentError::new_err(
+            "max_connections must be >= 1",
+        ));
     }
     crate::store::url::parse(&url).map_err(to_py)?;
     spawn(py, async move {

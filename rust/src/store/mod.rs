@@ -8,7 +8,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use crate::error::{Error, Result};
-use crate::model::{ClaimRequest, ClaimedJob, JobRow, LeaseRef, ListQuery, NewJob, Outcome, RenewStatus};
+use crate::model::{
+    ClaimRequest, ClaimedJob, JobRow, LeaseRef, ListQuery, NewJob, Outcome, RenewStatus,
+};
 
 pub mod sqlite;
 pub mod url;
@@ -64,11 +66,26 @@ pub async fn open(url: &str, max_connections: u32, create: bool) -> Result<Arc<d
     let latest = latest_version(store.backend());
     match store.schema_version().await? {
         None if create => store.migrate().await?,
-        None => return Err(Error::SchemaOutdated { found: 0, expected: latest, url: url.to_string() }),
-        Some(v) if v < latest => {
-            return Err(Error::SchemaOutdated { found: v, expected: latest, url: url.to_string() })
+        None => {
+            return Err(Error::SchemaOutdated {
+                found: 0,
+                expected: latest,
+                url: url.to_string(),
+            })
         }
-        Some(v) if v > latest => return Err(Error::SchemaTooNew { found: v, expected: latest }),
+        Some(v) if v < latest => {
+            return Err(Error::SchemaOutdated {
+                found: v,
+                expected: latest,
+                url: url.to_string(),
+            })
+        }
+        Some(v) if v > latest => {
+            return Err(Error::SchemaTooNew {
+                found: v,
+                expected: latest,
+            })
+        }
         Some(_) => {}
     }
     Ok(store)
@@ -81,7 +98,10 @@ pub async fn upgrade(url: &str) -> Result<i64> {
     if let Some(v) = store.schema_version().await? {
         if v > latest {
             store.close().await;
-            return Err(Error::SchemaTooNew { found: v, expected: latest });
+            return Err(Error::SchemaTooNew {
+                found: v,
+                expected: latest,
+            });
         }
     }
     let r = store.migrate().await;
@@ -91,7 +111,9 @@ pub async fn upgrade(url: &str) -> Result<i64> {
 
 async fn connect(url: &str, max_connections: u32) -> Result<Arc<dyn Store>> {
     match url::parse(url)? {
-        url::Target::Sqlite(t) => Ok(Arc::new(sqlite::SqliteStore::connect(t, max_connections, url).await?)),
+        url::Target::Sqlite(t) => Ok(Arc::new(
+            sqlite::SqliteStore::connect(t, max_connections, url).await?,
+        )),
         url::Target::Postgres(_) | url::Target::Mysql(_) => Err(Error::UnsupportedStore(format!(
             "this build of gnl has no engine for {}: only SQLite is available so far",
             url.split(':').next().unwrap_or("")
@@ -102,7 +124,11 @@ async fn connect(url: &str, max_connections: u32) -> Result<Arc<dyn Store>> {
 /// The newest schema version this package knows for `backend`.
 pub fn latest_version(backend: &str) -> i64 {
     match backend {
-        "sqlite" => sqlite::MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0),
+        "sqlite" => sqlite::MIGRATOR
+            .iter()
+            .map(|m| m.version)
+            .max()
+            .unwrap_or(0),
         _ => 0,
     }
 }

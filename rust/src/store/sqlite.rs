@@ -10,7 +10,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{
-    SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+    SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteSynchronous,
 };
 use sqlx::{Arguments, Executor, Row, Sqlite, Transaction};
 
@@ -35,10 +36,14 @@ pub struct SqliteStore {
 }
 
 fn clock_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
 }
 
-const JOB_COLS: &str = "seq, org, id, type, payload, state, attempts, max_attempts, last_error, result, \
+const JOB_COLS: &str =
+    "seq, org, id, type, payload, state, attempts, max_attempts, last_error, result, \
      created_at, updated_at, run_at, finished_at";
 
 fn job_row(r: &sqlx::sqlite::SqliteRow) -> JobRow {
@@ -67,7 +72,10 @@ impl SqliteStore {
         let (opts, max) = match &target {
             SqliteTarget::Memory => {
                 // One connection holds the in-memory database for the life of the pool.
-                let name = format!("file:gnl-mem-{}?mode=memory&cache=shared", crate::ids::new_job_id());
+                let name = format!(
+                    "file:gnl-mem-{}?mode=memory&cache=shared",
+                    crate::ids::new_job_id()
+                );
                 let o = SqliteConnectOptions::from_str(&format!("sqlite:{name}"))
                     .map_err(|e| Error::invalid(e.to_string()))?;
                 (o, 1)
@@ -81,18 +89,31 @@ impl SqliteStore {
                 (o, max_connections.max(2))
             }
         };
-        let opts = opts.busy_timeout(BUSY_TIMEOUT).pragma("foreign_keys", "OFF").statement_cache_capacity(256);
+        let opts = opts
+            .busy_timeout(BUSY_TIMEOUT)
+            .pragma("foreign_keys", "OFF")
+            .statement_cache_capacity(256);
         let memory = matches!(target, SqliteTarget::Memory);
         let pool = SqlitePoolOptions::new()
             .max_connections(max)
             .min_connections(if memory { 1 } else { 0 })
-            .idle_timeout(if memory { None } else { Some(Duration::from_secs(300)) })
-            .max_lifetime(if memory { None } else { Some(Duration::from_secs(3600)) })
+            .idle_timeout(if memory {
+                None
+            } else {
+                Some(Duration::from_secs(300))
+            })
+            .max_lifetime(if memory {
+                None
+            } else {
+                Some(Duration::from_secs(3600))
+            })
             .acquire_timeout(BUSY_TIMEOUT)
             .after_connect(move |conn, _| {
                 Box::pin(async move {
                     // Check the pragmas on every new connection: a file store must be in WAL.
-                    let mode: String = sqlx::query_scalar("PRAGMA journal_mode").fetch_one(&mut *conn).await?;
+                    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+                        .fetch_one(&mut *conn)
+                        .await?;
                     if !memory && !mode.eq_ignore_ascii_case("wal") {
                         return Err(sqlx::Error::Configuration(
                             format!("SQLite journal_mode is {mode}, gnl needs wal").into(),
@@ -108,10 +129,17 @@ impl SqliteStore {
             let mut handle = conn.lock_handle().await?;
             let raw = handle.as_raw_handle().as_ptr();
             // SAFETY: a valid open connection handle, held locked for the call; -1 only reads.
-            let n = unsafe { libsqlite3_sys::sqlite3_limit(raw, libsqlite3_sys::SQLITE_LIMIT_VARIABLE_NUMBER, -1) };
+            let n = unsafe {
+                libsqlite3_sys::sqlite3_limit(raw, libsqlite3_sys::SQLITE_LIMIT_VARIABLE_NUMBER, -1)
+            };
             n.max(999) as usize
         };
-        Ok(SqliteStore { pool, write: tokio::sync::Mutex::new(()), queries: AtomicU64::new(0), var_limit })
+        Ok(SqliteStore {
+            pool,
+            write: tokio::sync::Mutex::new(()),
+            queries: AtomicU64::new(0),
+            var_limit,
+        })
     }
 
     fn counted(&self, n: u64) {
@@ -145,7 +173,12 @@ impl SqliteStore {
     }
 
     /// Write outcomes of finished attempts (conditional on the lease's fencing token).
-    async fn write_outcomes(&self, tx: &mut Tx<'static>, outcomes: &[Outcome], now: i64) -> Result<()> {
+    async fn write_outcomes(
+        &self,
+        tx: &mut Tx<'static>,
+        outcomes: &[Outcome],
+        now: i64,
+    ) -> Result<()> {
         let done: Vec<(i64, i64, Option<&str>)> = outcomes
             .iter()
             .filter_map(|o| match o {
@@ -177,10 +210,19 @@ impl SqliteStore {
                  FROM o WHERE gnl_jobs.seq = o.seq AND gnl_jobs.lease_token = o.tok AND gnl_jobs.state = 'running'"
             ));
             self.counted(1);
-            sqlx::query_with(&sql, args).persistent(false).execute(&mut **tx).await?;
+            sqlx::query_with(&sql, args)
+                .persistent(false)
+                .execute(&mut **tx)
+                .await?;
         }
         for o in outcomes {
-            if let Outcome::Failed { seq, token, error, delay_ms } = o {
+            if let Outcome::Failed {
+                seq,
+                token,
+                error,
+                delay_ms,
+            } = o
+            {
                 self.counted(1);
                 let row = sqlx::query(
                     "UPDATE gnl_jobs SET \
@@ -202,7 +244,8 @@ impl SqliteStore {
                 if let Some(r) = row {
                     let state: String = r.get(1);
                     if state == PENDING {
-                        self.lane_due(tx, r.get::<String, _>(0).as_str(), r.get(2)).await?;
+                        self.lane_due(tx, r.get::<String, _>(0).as_str(), r.get(2))
+                            .await?;
                     }
                 }
             }
@@ -261,15 +304,18 @@ impl Store for SqliteStore {
 
     async fn schema_version(&self) -> Result<Option<i64>> {
         self.counted(1);
-        let has: Option<String> =
-            sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'gnl_schema'")
-                .fetch_optional(&self.pool)
-                .await?;
+        let has: Option<String> = sqlx::query_scalar(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'gnl_schema'",
+        )
+        .fetch_optional(&self.pool)
+        .await?;
         if has.is_none() {
             return Ok(None);
         }
         self.counted(1);
-        let v: Option<i64> = sqlx::query_scalar("SELECT version FROM gnl_schema WHERE id = 1").fetch_optional(&self.pool).await?;
+        let v: Option<i64> = sqlx::query_scalar("SELECT version FROM gnl_schema WHERE id = 1")
+            .fetch_optional(&self.pool)
+            .await?;
         Ok(Some(v.unwrap_or(0)))
     }
 
@@ -280,8 +326,13 @@ impl Store for SqliteStore {
         tx.execute("CREATE TABLE IF NOT EXISTS gnl_schema (id INTEGER PRIMARY KEY CHECK (id = 1), version INTEGER NOT NULL)")
             .await?;
         self.counted(1);
-        let current: i64 = sqlx::query_scalar("SELECT coalesce(max(version), 0) FROM gnl_schema").fetch_one(&mut *tx).await?;
-        for m in MIGRATOR.iter().filter(|m| m.version > current && !m.migration_type.is_down_migration()) {
+        let current: i64 = sqlx::query_scalar("SELECT coalesce(max(version), 0) FROM gnl_schema")
+            .fetch_one(&mut *tx)
+            .await?;
+        for m in MIGRATOR
+            .iter()
+            .filter(|m| m.version > current && !m.migration_type.is_down_migration())
+        {
             self.counted(1);
             (&mut *tx).execute(&*m.sql).await?;
         }
@@ -322,9 +373,11 @@ impl Store for SqliteStore {
                 sql.push_str(&tail);
                 let run_at = j.run_at.unwrap_or_else(|| now + j.delay_ms.unwrap_or(0));
                 for v in [&j.org, &j.id, &j.typ, &j.payload] {
-                    args.add(v.as_str()).map_err(|e| Error::invalid(e.to_string()))?;
+                    args.add(v.as_str())
+                        .map_err(|e| Error::invalid(e.to_string()))?;
                 }
-                args.add(run_at).map_err(|e| Error::invalid(e.to_string()))?;
+                args.add(run_at)
+                    .map_err(|e| Error::invalid(e.to_string()))?;
                 let e = lanes.entry(j.org.as_str()).or_insert(run_at);
                 *e = (*e).min(run_at);
                 if let Some(d) = j.max_depth {
@@ -334,19 +387,28 @@ impl Store for SqliteStore {
             }
             sql.push_str(" ON CONFLICT (org, id) DO NOTHING");
             self.counted(1);
-            sqlx::query_with(&sql, args).persistent(false).execute(&mut *tx).await?;
+            sqlx::query_with(&sql, args)
+                .persistent(false)
+                .execute(&mut *tx)
+                .await?;
         }
         for (org, max_depth) in depth_limits {
             self.counted(1);
-            let depth: i64 = sqlx::query_scalar("SELECT count(*) FROM gnl_jobs WHERE org = ?1 AND state = 'pending'")
-                .bind(org)
-                .fetch_one(&mut *tx)
-                .await?;
+            let depth: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM gnl_jobs WHERE org = ?1 AND state = 'pending'",
+            )
+            .bind(org)
+            .fetch_one(&mut *tx)
+            .await?;
             if depth > max_depth {
                 self.counted(1);
                 tx.rollback().await?;
                 return Err(Error::QueueFull {
-                    org: if org.is_empty() { None } else { Some(org.to_string()) },
+                    org: if org.is_empty() {
+                        None
+                    } else {
+                        Some(org.to_string())
+                    },
                     depth,
                     max_depth,
                 });
@@ -477,7 +539,8 @@ impl Store for SqliteStore {
                 }
                 sql.push_str("(?,?)");
                 args.add(l.seq).map_err(|e| Error::invalid(e.to_string()))?;
-                args.add(l.token).map_err(|e| Error::invalid(e.to_string()))?;
+                args.add(l.token)
+                    .map_err(|e| Error::invalid(e.to_string()))?;
             }
             sql.push_str(&format!(
                 ") UPDATE gnl_jobs SET lease_expires_at = {} FROM l \
@@ -486,28 +549,48 @@ impl Store for SqliteStore {
                 now + ttl_ms
             ));
             self.counted(1);
-            for r in sqlx::query_with(&sql, args).persistent(false).fetch_all(&mut *tx).await? {
+            for r in sqlx::query_with(&sql, args)
+                .persistent(false)
+                .fetch_all(&mut *tx)
+                .await?
+            {
                 let c: i64 = r.get(1);
-                status.insert(r.get(0), if c != 0 { RenewStatus::CancelRequested } else { RenewStatus::Held });
+                status.insert(
+                    r.get(0),
+                    if c != 0 {
+                        RenewStatus::CancelRequested
+                    } else {
+                        RenewStatus::Held
+                    },
+                );
             }
         }
         self.commit(tx).await?;
-        Ok(leases.iter().map(|l| status.get(&l.seq).copied().unwrap_or(RenewStatus::Lost)).collect())
+        Ok(leases
+            .iter()
+            .map(|l| status.get(&l.seq).copied().unwrap_or(RenewStatus::Lost))
+            .collect())
     }
 
     async fn get_job(&self, org: &str, id: &str) -> Result<Option<JobRow>> {
         self.counted(1);
-        let row = sqlx::query(&format!("SELECT {JOB_COLS} FROM gnl_jobs WHERE org = ?1 AND id = ?2"))
-            .bind(org)
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?;
+        let row = sqlx::query(&format!(
+            "SELECT {JOB_COLS} FROM gnl_jobs WHERE org = ?1 AND id = ?2"
+        ))
+        .bind(org)
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
         Ok(row.as_ref().map(job_row))
     }
 
     async fn max_seq(&self) -> Result<i64> {
         self.counted(1);
-        Ok(sqlx::query_scalar("SELECT coalesce(max(seq), 0) FROM gnl_jobs").fetch_one(&self.pool).await?)
+        Ok(
+            sqlx::query_scalar("SELECT coalesce(max(seq), 0) FROM gnl_jobs")
+                .fetch_one(&self.pool)
+                .await?,
+        )
     }
 
     async fn list_jobs(&self, q: &ListQuery) -> Result<Vec<JobRow>> {
@@ -595,11 +678,13 @@ impl Store for SqliteStore {
 
     async fn step_get(&self, run_id: &str, name: &str) -> Result<Option<String>> {
         self.counted(1);
-        Ok(sqlx::query_scalar("SELECT result FROM gnl_steps WHERE run_id = ?1 AND name = ?2")
-            .bind(run_id)
-            .bind(name)
-            .fetch_optional(&self.pool)
-            .await?)
+        Ok(
+            sqlx::query_scalar("SELECT result FROM gnl_steps WHERE run_id = ?1 AND name = ?2")
+                .bind(run_id)
+                .bind(name)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
     }
 
     async fn step_put(&self, run_id: &str, name: &str, result: &str) -> Result<String> {
@@ -613,11 +698,12 @@ impl Store for SqliteStore {
             .bind(clock_ms())
             .execute(&mut *tx)
             .await?;
-        let kept: String = sqlx::query_scalar("SELECT result FROM gnl_steps WHERE run_id = ?1 AND name = ?2")
-            .bind(run_id)
-            .bind(name)
-            .fetch_one(&mut *tx)
-            .await?;
+        let kept: String =
+            sqlx::query_scalar("SELECT result FROM gnl_steps WHERE run_id = ?1 AND name = ?2")
+                .bind(run_id)
+                .bind(name)
+                .fetch_one(&mut *tx)
+                .await?;
         self.commit(tx).await?;
         Ok(kept)
     }
@@ -650,7 +736,12 @@ mod tests {
     }
 
     fn req(limit: usize, ttl_ms: i64) -> ClaimRequest {
-        ClaimRequest { owner: "w".into(), limit, ttl_ms, max_attempts: 2 }
+        ClaimRequest {
+            owner: "w".into(),
+            limit,
+            ttl_ms,
+            max_attempts: 2,
+        }
     }
 
     #[tokio::test]
@@ -672,7 +763,9 @@ mod tests {
     #[tokio::test]
     async fn a_batch_takes_lanes_in_turn_and_each_lane_in_order() {
         let s = store().await;
-        let jobs: Vec<NewJob> = (0..6).map(|i| job(["a", "b"][i % 2], &format!("j{i}"))).collect();
+        let jobs: Vec<NewJob> = (0..6)
+            .map(|i| job(["a", "b"][i % 2], &format!("j{i}")))
+            .collect();
         s.enqueue(&jobs).await.unwrap();
         let got = s.claim(&[], &req(4, 60_000)).await.unwrap();
         let ids: Vec<&str> = got.iter().map(|j| j.id.as_str()).collect();
@@ -699,13 +792,37 @@ mod tests {
         assert_eq!(second.attempt, 2);
         assert!(second.token > first.token);
         // The stale holder's renewal and outcome change nothing.
-        let st = s.renew(&[LeaseRef { seq: first.seq, token: first.token }], 60_000).await.unwrap();
+        let st = s
+            .renew(
+                &[LeaseRef {
+                    seq: first.seq,
+                    token: first.token,
+                }],
+                60_000,
+            )
+            .await
+            .unwrap();
         assert_eq!(st, vec![RenewStatus::Lost]);
-        s.finish(&[Outcome::Done { seq: first.seq, token: first.token, result: Some("1".into()) }]).await.unwrap();
+        s.finish(&[Outcome::Done {
+            seq: first.seq,
+            token: first.token,
+            result: Some("1".into()),
+        }])
+        .await
+        .unwrap();
         assert_eq!(s.get_job("", "x").await.unwrap().unwrap().state, RUNNING);
-        s.finish(&[Outcome::Done { seq: second.seq, token: second.token, result: Some("2".into()) }]).await.unwrap();
+        s.finish(&[Outcome::Done {
+            seq: second.seq,
+            token: second.token,
+            result: Some("2".into()),
+        }])
+        .await
+        .unwrap();
         let row = s.get_job("", "x").await.unwrap().unwrap();
-        assert_eq!((row.state.as_str(), row.result.as_deref()), (DONE, Some("2")));
+        assert_eq!(
+            (row.state.as_str(), row.result.as_deref()),
+            (DONE, Some("2"))
+        );
     }
 
     #[tokio::test]
@@ -727,10 +844,21 @@ mod tests {
         let s = store().await;
         s.enqueue(&[job("", "x")]).await.unwrap();
         let j = s.claim(&[], &req(1, 60_000)).await.unwrap().remove(0);
-        let fail = Outcome::Failed { seq: j.seq, token: j.token, error: "boom".into(), delay_ms: 60_000 };
-        assert!(s.claim(&[fail], &req(1, 60_000)).await.unwrap().is_empty(), "not due before its delay");
+        let fail = Outcome::Failed {
+            seq: j.seq,
+            token: j.token,
+            error: "boom".into(),
+            delay_ms: 60_000,
+        };
+        assert!(
+            s.claim(&[fail], &req(1, 60_000)).await.unwrap().is_empty(),
+            "not due before its delay"
+        );
         let row = s.get_job("", "x").await.unwrap().unwrap();
-        assert_eq!((row.state.as_str(), row.last_error.as_deref()), (PENDING, Some("boom")));
+        assert_eq!(
+            (row.state.as_str(), row.last_error.as_deref()),
+            (PENDING, Some("boom"))
+        );
     }
 
     #[tokio::test]
@@ -738,7 +866,14 @@ mod tests {
         let s = store().await;
         let mut jobs: Vec<NewJob> = (0..3).map(|i| job("a", &format!("{i}"))).collect();
         jobs[0].max_depth = Some(2);
-        assert!(matches!(s.enqueue(&jobs).await, Err(Error::QueueFull { depth: 3, max_depth: 2, .. })));
+        assert!(matches!(
+            s.enqueue(&jobs).await,
+            Err(Error::QueueFull {
+                depth: 3,
+                max_depth: 2,
+                ..
+            })
+        ));
         assert_eq!(s.max_seq().await.unwrap(), 0);
     }
 

@@ -1,0 +1,54 @@
+"""Helpers shared by the tests (public API only)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import gnl
+
+
+async def all_jobs(work: gnl.Storage | gnl.WorkStore) -> list[gnl.JobInfo]:
+    """Every job of the store, via ``list_all_jobs`` pages."""
+    out: list[gnl.JobInfo] = []
+    cursor: str | None = None
+    while True:
+        page = await gnl.list_all_jobs(work, limit=1000, cursor=cursor)
+        out.extend(page.items)
+        if page.next_cursor is None:
+            return out
+        cursor = page.next_cursor
+
+
+async def job_count(work: gnl.Storage | gnl.WorkStore) -> int:
+    return len(await all_jobs(work))
+
+
+async def wait_for(
+    predicate: Callable[[], Awaitable[bool]] | Callable[[], bool],
+    timeout: float = 10.0,
+    interval: float = 0.01,
+    what: str = "condition",
+) -> None:
+    """Poll ``predicate`` (sync or async) until it is true; fail after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value: Any = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(interval)
+
+
+async def job_state(work: gnl.Storage, job_id: str, org_id: str | None = None) -> str | None:
+    job = await gnl.get_job(work, job_id, org_id=org_id)
+    return None if job is None else job.state
+
+
+async def noop(payload: Any, ctx: gnl.JobContext) -> None:
+    return None

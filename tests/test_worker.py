@@ -1,0 +1,710 @@
+"""API.md "Queue": the worker — handlers, ctx, outcomes, retries, cancel, timeouts, backoff."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import pytest
+
+import gnl
+from _support import all_jobs, job_state, noop, wait_for
+
+
+class Boom(Exception):
+    pass
+
+
+# --------------------------------------------------------------------------------------------
+# handler, ctx, result
+
+
+async def test_handler_gets_payload_and_ctx(storage: gnl.Storage) -> None:
+    seen: list[tuple[Any, dict[str, Any]]] = []
+
+    async def handler(payload: Any, ctx: gnl.JobContext) -> None:
+        assert isinstance(ctx, gnl.JobContext)
+        seen.append(
+            (
+                payload,
+                {
+                    "job_id": ctx.job_id,
+                    "type": ctx.type,
+                    "org_id": ctx.org_id,
+                    "attempt": ctx.attempt,
+                    "run_id": ctx.run_id,
+                    "journal": ctx.journal,
+                    "signal": ctx.signal,
+                },
+            )
+        )
+
+    a = await gnl.enqueue(storage, "reindex", {"docId": "d-9"}, id="job-a", org_id="acme")
+    b = await gnl.enqueue(storage, "reindex", [1, 2])
+    result = await gnl.create_worker(storage, {"reindex": handler}).drain()
+    assert result == gnl.DrainResult(processed=2, succeeded=2, failed=0)
+    by_id = {c["job_id"]: (p, c) for p, c in seen}
+    pa, ca = by_id[a]
+    assert pa == {"docId": "d-9"}
+    assert (ca["type"], ca["org_id"], ca["attempt"]) == ("reindex", "acme", 1)
+    pb, cb = by_id[b]
+    assert pb == [1, 2] and cb["org_id"] is None and cb["attempt"] == 1
+    assert isinstance(ca["run_id"], str) and ca["run_id"]
+    assert ca["run_id"] != cb["run_id"]
+    assert isinstance(ca["journal"], gnl.Journal)
+    assert ca["journal"].storage is storage
+    for _, c in seen:
+        assert isinstance(c["signal"], gnl.RevocationSignal)
+        assert not c["signal"].aborted and c["signal"].reason is None
+
+
+async def test_run_ids_differ_across_organizations(storage: gnl.Storage) -> None:
+    run_ids: dict[tuple[str | None, str], str] = {}
+
+    async def handler(payload: Any, ctx: gnl.JobContext) -> None:
+        run_ids[(ctx.org_id, ctx.job_id)] = ctx.run_id
+
+    for org, job_id in ((None, "x"), ("a", "x"), ("a:b", "c"), ("a", "b:c"), ("b", "x")):
+        await gnl.enqueue(storage, "t", None, id=job_id, org_id=org)
+    await gnl.create_worker(storage, {"t": handler}).drain()
+    assert len(run_ids) == 5
+    assert len(set(run_ids.values())) == 5
+
+
+@pytest.mark.parametrize(
+    "result",
+    [None, {"ok": [1, 2, {"n": None}]}, "text", 42, 2**70, 0.5, [], True],
+    ids=repr,
+)
+async def test_result_is_stored(storage: gnl.Storage, result: Any) -> None:
+    async def handler(payload: Any, ctx: gnl.JobContext) -> Any:
+        return result
+
+    job_id = await gnl.enqueue(storage, "t", None)
+    t0 = await storage.now_ms()
+    await gnl.create_worker(storage, {"t": handler}).drain()
+    job = await gnl.get_job(storage, job_id)
+    assert job is not None
+    assert job.state == "done"
+    assert job.result == result
+    assert job.attempts == 1
+    assert job.last_error is None
+    assert job.finished_at is not None and job.finished_at >= t0
+    assert job.updated_at >= job.created_at
+
+
+async def test_non_json_result_fails_the_attempt(storage: gnl.Storage) -> None:
+    async def handler(payload: Any, ctx: gnl.JobContext) -> Any:
+        return (1, 2)
+
+    job_id = await gnl.enqueue(storage, "t", None)
+    result = await gnl.create_worker(storage, {"t": handler}, max_attempts=1).drain()
+    assert result == gnl.DrainResult(1, 0, 1)
+    job = await gnl.get_job(storage, job_id)
+    assert job is not None and job.state == "dead" and job.result is None
+    assert job.last_error is not None and "tuple" in job.last_error
+
+
+async def test_state_transitions_pending_running_done(storage: gnl.Storage) -> None:
+    states: list[str | None] = []
+    job_id = await gnl.enqueue(storage, "t", None)
+    states.append(await job_state(storage, job_id))
+
+    async def handler(payload: Any, ctx: gnl.JobContext) -> str:
+        states.append(await job_state(storage, job_id))
+        running = await gnl.get_job(storage, job_id)
+        assert running is not None and running.attempts == 1 and running.finished_at is None
+        return "r"
+
+    await gnl.create_worker(storage, {"t": handler}).drain()
+    states.append(await job_state(storage, job_id))
+    assert states == ["pending", "running", "done"]
+
+
+async def test_max_attempts_is_recorded_on_claim(storage: gnl.Storage) -> None:
+    job_id = await gnl.enqueue(storage, "t", None)
+    await gnl.create_worker(storage, {"t": noop}, max_attempts=7).drain()
+    job = await gnl.get_job(storage, job_id)
+    assert job is not None and job.max_attempts == 7
+
+
+async def test_concurrency_runs_handlers_at_once(storage: gnl.Storage) -> None:
+    running = 0
+    peak = 0
+
+    async def handler(payload: Any, ctx: gnl.JobContext) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.1)
+        running -= 1
+
+    await gnl.enqueue_many(storage, [{"type": "t", "payload": i} for i in range(9)])
+    t0 = time.monotonic()
+    result = await gnl.create_worker(storage, {"t": handler}, concurrency=3).drain()
+    elapsed = time.monotonic() - t0
+    assert result == gnl.DrainResult(9, 9, 0)
+    assert peak == 3
+    assert elapsed < 0.9  # 3 rounds of 0.1 s, not 9
+
+
+async def test_drain_result_counts(storage: gnl.Storage) -> None:
+    async def handler(payload: Any, ctx: gnl.JobContext) -> None:
+        if payload % 3 == 0:
+            raise Boom(f"bad {payload}")
+
+    await gnl.enqueue_many(storage, [{"type": "t", "payload": i} for i in range(10)])
+    worker = gnl.create_worker(storage, {"t": handler}, max_attempts=1)
+    result = await worker.drain()
+    assert isinstance(result, gnl.DrainResult)
+    assert (result.processed, result.succeeded, result.failed) == (10, 6, 4)
+    assert await worker.drain() == gnl.DrainResult(0, 0, 0)
+    states = sorted(j.state for j in await all_jobs(storage))
+    assert states == ["dead"] * 4 + ["done"] * 6
+
+
+# --------------------------------------------------------------------------------------------
+# failures and retries
+
+
+async def test_failing_handler_is_retried_then_dead(storage: gnl.Storage) -> None:
+    attempts: list[int] = []
+    run_ids: set[str] = set()
+
+    async def handler(payload: Any, ctx: gnl.JobContext) -> None:
+        attempts.append(ctx.attempt)
+        run_ids.add(ctx.run_id)
+        raise Boom(f"kaput on attempt {ctx.attempt}")
+
+    job_id = await gnl.enqueue(storage, "t", None)
+    result = await gnl.create_worker(
+        storage, {"t": handler}, max_attempts=3, retry_delay_ms=0
+    ).drain()
+    assert result == gnl.DrainResult(3, 0, 3)
+    assert attempts == [1, 2, 3]
+    assert len(run_ids) == 1
+    job = await gnl.get_job(storage, job_id)
+    assert job is not None
+    assert job.state == "dead" and job.attempts == 3 and job.max_attempts == 3
+    assert job.last_error is not None and "kaput on attempt 3" in job.last_error
+    assert job.finished_at is not None
+    # Dead stays dead.
+    assert (await gnl.create_worker(storage, {"t": handler}, retry_delay_ms=0).drain()).processed == 0
+
+
+async def test_failed_attempt_goes_back_to_pending_with_its_error(storage: gnl.Storage) -> None:
+    async def handler(payload: Any, ctx: gnl.JobContext) -> None:
+        raise Boom("first failure")
+
+    job_id = await gnl.enqueue(storage, "t", None)
+    await gnl.create_worker(storage, {"t": handler}, max_attempts=5, retry_delay_ms=60_000).drain()
+    job = await gnl.get_job(storage, job_id)
+    assert job is not None
+    assert job.state == "pending" and job.attempts == 1
+    assert job.last_error is not None and "first failure" in job.last_error
+    assert job.finished_at is None
+
+
+async def test_retry_delay_ms_int(storage: gnl.Storage) -> None:
+    calls: list[float] = []
+
+    async def handler(payload: Any, ctx: gnl.JobContext) -> str:
+        calls.append(time.monotonic())
+        if ctx.attempt == 1:
+            raise Boom("again")
+        return "ok"
+
+    job_id = await gnl.enqueue(storage, "t", None)
+    worker = gnl.create_worker(storage, {"t": handler}, retry_delay_ms=300)
+    assert await worker.drain() == gnl.DrainResult(1, 0, 1)
+    job = await gnl.get_job(storage, job_id)
+    assert job is not None and job.state == "pending"
+    assert 295 <= job.run_at - job.updated_at <= 305
+    assert await worker.drain() == gnl.DrainResult(0, 0, 0)  # not due yet
+    await asyncio.sleep(max(0, job.run_at - await storage.now_ms()) / 1000 + 0.03)
+    assert await worker.drain() == gnl.DrainResult(1, 1, 0)
+    assert calls[1] - calls[0] >= 0.28
+    done = await gnl.get_job(storage, job_id)
+    assert done is not None and done.state == "done" and done.attempts == 2
+
+
+async def test_retry_delay_ms_callable_gets_the_failed_attempt(storage: gnl.Storage) -> None:
+    asked: list[int] = []
+
+    def delay(attempt: int) -> int:
+        asked.append(attempt)
+        return 0 if attempt == 1 else 50_000
+
+    async def handler(payload: Any, ctx: gnl.JobContext) -> None:
+        raise Boom(str(ctx.attempt))
+
+    job_id = await gnl.enqueue(storage, "t", None)
+    result = await gnl.create_worker(storage, {"t": handler}, max_attempts=5, retry_delay_ms=delay).drain()
+    # Attempt 1 is retried at once; attempt 2's retry is 50 s away.
+    assert result == gnl.DrainResult(2, 0, 2)
+    assert asked == [1, 2]
+    job = await gnl.get_job(storage, job_id)
+    assert job is not None and job.state == "pending" and job.attempts == 2
+    assert 49_900 <= job.run_at - job.updated_at <= 50_100
+
+
+async def test_default_retry_delay_is_about_one_second(storage: gnl.Storage) -> None:
+    async def handler(payload: Any, ctx: gnl.JobContext) -> None:
+        raise Boom("x")
+
+    ids = await gnl.enqueue_many(storage, [{"type": "t", "payload": i} for i in range(20)])
+    await gnl.create_worker(storage, {"t": handler}, concurrency=20).drain()
+    delays = []
+    for job_id in ids:
+        job = await gnl.get_job(storage, job_id)
+        assert job is not None and job.state == "pending"
+        delays.append(job.run_at - job.updated_at)
+    # Exponential from 1,000 ms with ±20% jitter.
+    assert all(800 <= d <= 1200 for d in delays), delays
+    assert len(set(delays)) > 1, "no jitter"
+
+
+async def test_unhandled_base_exception_types(storage: gnl.Storage) -> None:
+    async def handler(payload: Any, ctx: gnl.JobContext) -> None:
+        raise ValueError("plain value error")
+
+    job_id = await gnl.enqueue(storage, "t", None)
+    await gnl.create_worker(storage, {"t": handler}, max_attempts=1).drain()
+    job = await gnl.get_job(storage, job_id)
+    assert job is not None and job.state == "dead"
+    assert job.last_error is not None and "plain value error" in job.last_error
+
+
+# --------------------------------------------------------------------------------------------
+# retry_job / cancel_job
+
+
+async def test_retry_job(storage: gnl.Storage) -> None:
+    fail = True
+
+    async def handler(payload: Any, ctx: gnl.JobContext) -> str:
+        if fail:
+            raise Boom("x")
+        return "ok"
+
+    job_id = await gnl.enqueue(storage, "t", None, org_id="acme")
+    worker = gnl.create_worker(storage, {"t": handler}, max_attempts=2, retry_delay_ms=0)
+    await worker.drain()
+    dead = await gnl.get_job(storage, job_id, org_id="acme")
+    assert dead is not None and dead.state == "dead" and dead.attempts == 2
+    # Addressed by org: the no-org scope has no such job.
+    assert await gnl.retry_job(storage, job_id) is False
+    assert await gnl.retry_job(storage, job_id, org_id="acme") is True
+    job = await gnl.get_job(storage, job_id, org_id="acme")
+    assert job is not None and job.state == "pending" and job.attempts == 0
+    assert job.finished_at is None
+    # Pending now: a second retry changes nothing.
+    assert await gnl.retry_job(storage, job_id, org_id="acme") is False
+    assert await gnl.get_job(storage, job_id, org_id="acme") == job
+    fail = False
+    assert await worker.drain() == gnl.DrainResult(1, 1, 0)
+    done = await gnl.get_job(storage, job_id, org_id="acme")
+    assert done is not None and done.state == "done" and done.attempts == 1 and done.result == "ok"
+    assert await gnl.retry_job(storage, job_id, org_id="acme") is False
+    assert await gnl.get_job(storage, job_id, org_id="acme") == done
+
+
+async def test_retry_job_false_for_other_states_and_unknown(storage: gnl.Storage) -> None:
+    pending = await gnl.enqueue(storage, "t", None)
+    canceled = await gnl.enqueue(storage, "t", None)
+    assert await gnl.cancel_job(storage, canceled)
+    before = await all_jobs(storage)
+    for job_id in (pending, canceled, "unknown"):
+        assert await gnl.retry_job(storage, job_id) is False
+    assert await all_jobs(storage) == before
+
+
+async def test_cancel_pending_job(storage: gnl.Storage) -> None:
+    job_id = await gnl.enqueue(storage, "t", None, org_id="acme")
+    other = await gnl.enqueue(storage, "t", None, org_id="acme")
+    assert await gnl.cancel_job(storage, job_id, org_id="acme", reason="customer left") is True
+    job = await gnl.get_job(storage, job_id, org_id="acme")
+    assert job is not None and job.state == "canceled" and job.finished_at is not None
+    assert job.last_error is not None and "customer left" in job.last_error
+    seen = []
+
+    async def handler(payload: Any, ctx: gnl.JobContext) -> None:
+        seen.append(ctx.job_id)
+
+    assert await gnl.create_worker(storage, {"t": handler}).drain() == gnl.DrainResult(1, 1, 0)
+    assert seen == [other]
+    # Finished jobs and unknown ids: False, nothing changes.
+    before = await all_jobs(storage)
+    assert await gnl.cancel_job(storage, job_id, org_id="acme") is False
+    assert await gnl.cancel_job(storage, other, org_id="acme") is False
+    assert await gnl.cancel_job(storage, "nope", org_id="acme") is False
+    assert await gnl.cancel_job(storage, job_id) is False  # another scope
+    assert await all_jobs(storage) == before
+
+
+async def test_cancel_dead_job_is_false(storage: gnl.Storage) -> None:
+    async def handler(payload: Any, ctx: gnl.JobContext) -> None:
+        raise Boom("x")
+
+    job_id = await gnl.enqueue(storage, "t", None)
+    await gnl.create_worker(storage, {"t": handler}, max_attempts=1).drain()
+    before = await gnl.get_job(storage, job_id)
+    assert before is not None and before.state == "dead"
+    assert await gnl.cancel_job(storage, job_id) is False
+    assert await gnl.get_job(storage, job_id) == before
+
+
+@pytest.mark.parametrize("ending", ["returns", "raises"])
+async def test_cancel_running_job_aborts_its_signal(storage: gnl.Storage, ending: str) -> None:
+    started = asyncio.Event()
+    whys: list[str] = []
+    attempts: list[int] = []
+
+    async def handler(payload: Any, ctx: gnl.JobContext) -> str:
+        attempts.append(ctx.attempt)
+        started.set()
+        reason = await asyncio.wait_for(ctx.signal.wait(), 5)
+        assert isinstance(reason, gnl.ExecutionRevokedError)
+        assert ctx.signal.aborted and ctx.signal.reason is reason
+        whys.append(reason.why)
+        if ending == "raises":
+            ctx.signal.raise_if_aborted()
+        return "finished anyway"
+
+    job_id = await gnl.enqueue(storage, "t", None)
+    worker = gnl.create_worker(storage, {"t": handler}, ttl_ms=300, max_attempts=3, retry_delay_ms=0, poll_ms=10)
+    async with worker:
+        await asyncio.wait_for(started.wait(), 5)
+        assert await job_state(storage, job_id) == "running"
+        assert await gnl.cancel_job(storage, job_id, reason="stop it") is True
+        await wait_for(
+            lambda: _is(job_state(storage, job_id), "canceled"), timeout=5, what="canceled"
+        )
+        await asyncio.sleep(0.2)  # a retry would show up here
+    assert whys == ["canceled"]
+    assert attempts == [1]
+    job = await gnl.get_job(storage, job_id)
+    assert job is not None and job.state == "canceled" and job.attempts == 1
+    assert job.finished_at is not None
+    assert await gnl.create_worker(storage, {"t": handler}).drain() == gnl.DrainResult(0, 0, 0)
+    assert await gnl.cancel_job(storage, job_id) is False
+
+
+async def _is(value: Any, expected: Any) -> bool:
+    return (await value) == expected
+
+
+# --------------------------------------------------------------------------------------------
+# max_hold_ms and the stuck-handler warning
+
+
+async def test_max_hold_ms_aborts_with_timeout_and_fails_the_attempt(storage: gnl.Storage) -> None:
+    whys: list[str] = []
+
+    async def handler(payload: Any, ctx: gnl.JobContext) -> str:
+        reason = await asyncio.wait_for(ctx.signal.wait(), 5)
+        whys.append(reason.why)
+        return "returned after the timeout"
+
+    job_id = await gnl.enqueue(storage, "t", None)
+    t0 = time.monotonic()
+    result = await gnl.create_worker(
+        storage, {"t": handler}, max_hold_ms=150, max_attempts=2, retry_delay_ms=0
+    ).drain()
+    assert time.monotonic() - t0 >= 0.28
+    assert result == gnl.DrainResult(2, 0, 2)
+    assert whys == ["timeout", "timeout"]
+    job = await gnl.get_job(storage, job_id)
+    assert job is not None and job.state == "dead" and job.attempts == 2
+    assert job.result is None
+    assert job.last_error is not None and "timeout" in job.last_error
+
+
+async def test_max_hold_ms_raising_handler(storage: gnl.Storage) -> None:
+    async def handler(payload: Any, ctx: gnl.JobContext) -> None:
+        await ctx.signal.wait()
+        ctx.signal.raise_if_aborted()
+
+    job_id = await gnl.enqueue(storage, "t", None)
+    result = await gnl.create_worker(storage, {"t": handler}, max_hold_ms=50, max_attempts=1).drain()
+    assert result == gnl.DrainResult(1, 0, 1)
+    job = await gnl.get_job(storage, job_id)
+    assert job is not None and job.state == "dead"
+    assert job.last_error is not None and "timeout" in job.last_error
+
+
+async def test_a_quick_handler_is_not_timed_out(storage: gnl.Storage) -> None:
+    async def handler(payload: Any, ctx: gnl.JobContext) -> str:
+        await asyncio.sleep(0.01)
+        assert not ctx.signal.aborted
+        return "ok"
+
+    await gnl.enqueue(storage, "t", None)
+    result = await gnl.create_worker(storage, {"t": handler}, max_hold_ms=2_000).drain()
+    assert result == gnl.DrainResult(1, 1, 0)
+
+
+async def test_handler_still_running_after_abort_is_warned_once(
+    storage: gnl.Storage, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def stubborn(payload: Any, ctx: gnl.JobContext) -> None:
+        await asyncio.sleep(0.9)  # ignores its signal
+
+    async def polite(payload: Any, ctx: gnl.JobContext) -> None:
+        await ctx.signal.wait()
+
+    caplog.set_level(logging.WARNING, logger="gnl")
+    stuck = await gnl.enqueue(storage, "stubborn", None, id="stuck-job")
+    await gnl.enqueue(storage, "polite", None, id="polite-job")
+    await gnl.create_worker(
+        storage,
+        {"stubborn": stubborn, "polite": polite},
+        max_hold_ms=100,
+        ttl_ms=200,
+        max_attempts=1,
+        concurrency=2,
+    ).drain()
+    warnings = [r for r in caplog.records if r.name == "gnl" and r.levelno >= logging.WARNING]
+    about_stuck = [r for r in warnings if stuck in r.getMessage()]
+    assert len(about_stuck) == 1, [r.getMessage() for r in warnings]
+    assert not [r for r in warnings if "polite-job" in r.getMessage()]
+
+
+# --------------------------------------------------------------------------------------------
+# lifecycle: start/stop, async with, drain, polling
+
+
+async def test_async_with_worker_processes_jobs(storage: gnl.Storage) -> None:
+    done = asyncio.Event()
+    seen: list[Any] = []
+
+    async def handler(payload: Any, ctx: gnl.JobContext) -> None:
+        seen.append(payload)
+        if len(seen) == 3:
+            done.set()
+
+    await gnl.enqueue(storage, "t", 1)
+    async with gnl.create_worker(storage, {"t": handler}, poll_ms=10) as worker:
+        assert isinstance(worker, gnl.Worker)
+        await gnl.enqueue(storage, "t", 2)
+        await asyncio.sleep(0.05)
+        await gnl.enqueue(storage, "t", 3)
+        await asyncio.wait_for(done.wait(), 5)
+    assert sorted(seen) == [1, 2, 3]
+    assert all(j.state == "done" for j in await all_jobs(storage))
+
+
+async def test_stop_waits_for_running_handlers(storage: gnl.Storage) -> None:
+    started = asyncio.Event()
+    finished: list[bool] = []
+
+    async def handler(payload: Any, ctx: gnl.JobContext) -> str:
+        started.set()
+        await asyncio.sleep(0.3)
+        finished.append(True)
+        return "done"
+
+    job_id = await gnl.enqueue(storage, "t", None)
+    worker = gnl.create_worker(storage, {"t": handler}, poll_ms=10)
+    worker.start()
+    await asyncio.wait_for(started.wait(), 5)
+    await worker.stop()
+    assert finished == [True]
+    job = await gnl.get_job(storage, job_id)
+    assert job is not None and job.state == "done" and job.result == "done"
+
+
+async def test_stop_stops_claiming(storage: gnl.Storage) -> None:
+    started = asyncio.Event()
+    gate = asyncio.Event()
+    seen: list[str] = []
+
+    async def handler(payload: Any, ctx: gnl.JobContext) -> None:
+        seen.append(ctx.job_id)
+        started.set()
+        await gate.wait()
+
+    await gnl.enqueue_many(storage, [{"type": "t", "payload": i} for i in range(5)])
+    worker = gnl.create_worker(storage, {"t": handler}, poll_ms=10)
+    worker.start()
+    await asyncio.wait_for(started.wait(), 5)
+    stopping = asyncio.ensure_future(worker.stop())
+    await asyncio.sleep(0.05)
+    gate.set()
+    await stopping
+    assert len(seen) == 1
+    states = sorted(j.state for j in await all_jobs(storage))
+    assert states == ["done"] + ["pending"] * 4
+    # stop() is idempotent, and the worker can drain afterwards.
+    await worker.stop()
+    assert (await worker.drain()).processed == 4
+
+
+async def test_empty_poll_backoff(storage: gnl.Storage) -> None:
+    worker = gnl.create_worker(storage, {"t": noop}, poll_ms=10, max_poll_ms=80)
+    c0 = storage.query_count
+    worker.start()
+    await asyncio.sleep(1.0)
+    await worker.stop()
+    polls = storage.query_count - c0
+    # Without backoff: 100 polls. With 10 -> 20 -> 40 -> 80 ms: about 15.
+    assert polls <= 30, polls
+    assert polls >= 5, polls
+
+
+async def test_backoff_resets_when_a_job_is_claimed(storage: gnl.Storage) -> None:
+    seen: list[float] = []
+
+    async def handler(payload: Any, ctx: gnl.JobContext) -> None:
+        seen.append(time.monotonic())
+
+    worker = gnl.create_worker(storage, {"t": handler}, poll_ms=20, max_poll_ms=400)
+    worker.start()
+    try:
+        await asyncio.sleep(1.0)  # backed off to 400 ms
+        t0 = time.monotonic()
+        await gnl.enqueue(storage, "t", 1)
+        await wait_for(lambda: len(seen) == 1, timeout=5)
+        assert seen[0] - t0 <= 0.6
+        # After a claim the interval is poll_ms again: the next job is picked up fast.
+        await asyncio.sleep(0.03)
+        t1 = time.monotonic()
+        await gnl.enqueue(storage, "t", 2)
+        await wait_for(lambda: len(seen) == 2, timeout=5)
+        assert seen[1] - t1 <= 0.2, seen[1] - t1
+    finally:
+        await worker.stop()
+
+
+async def test_drain_does_not_wait_for_jobs_that_are_not_due(storage: gnl.Storage) -> None:
+    await gnl.enqueue(storage, "t", None, delay_ms=5_000)
+    t0 = time.monotonic()
+    assert await gnl.create_worker(storage, {"t": noop}).drain() == gnl.DrainResult(0, 0, 0)
+    assert time.monotonic() - t0 < 2
+
+
+async def test_create_worker_checks_its_arguments(storage: gnl.Storage) -> None:
+    h = {"t": noop}
+    for kwargs in (
+        {"ttl_ms": "30"},
+        {"max_attempts": 1.5},
+        {"concurrency": True},
+        {"poll_ms": None},
+        {"name": 5},
+    ):
+        with pytest.raises(TypeError):
+            gnl.create_worker(storage, h, **kwargs)  # type: ignore[arg-type]
+    for kwargs in ({"max_attempts": 0}, {"concurrency": 0}, {"ttl_ms": 0}, {"poll_ms": 0}):
+        with pytest.raises(gnl.InvalidArgumentError):
+            gnl.create_worker(storage, h, **kwargs)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        gnl.create_worker(storage, {"t": "not callable"})  # type: ignore[dict-item]
+    with pytest.raises(TypeError):
+        gnl.create_worker("sqlite::memory:", h)  # type: ignore[arg-type]
+    # The work store is accepted as well as the storage.
+    assert isinstance(gnl.create_worker(storage.work, h), gnl.Worker)
+
+
+# --------------------------------------------------------------------------------------------
+# ctx.step
+
+
+@pytest.mark.parametrize("kind", ["plain", "async"])
+async def test_step_runs_once_per_run_across_attempts(storage: gnl.Storage, kind: str) -> None:
+    calls: list[tuple[int, int]] = []
+    results: list[Any] = []
+
+    def charge_plain(amount: int, attempt: int) -> dict[str, Any]:
+        calls.append((amount, attempt))
+        return {"charged": amount, "on_attempt": attempt}
+
+    async def charge_async(amount: int, attempt: int) -> dict[str, Any]:
+        await asyncio.sleep(0)
+        return charge_plain(amount, attempt)
+
+    fn = charge_plain if kind == "plain" else charge_async
+
+    async def handler(payload: Any, ctx: gnl.JobContext) -> Any:
+        value = await ctx.step("charge", fn, payload["amount"], ctx.attempt)
+        results.append(value)
+        if ctx.attempt == 1:
+            raise Boom("crash after the step")
+        return value
+
+    job_id = await gnl.enqueue(storage, "t", {"amount": 42})
+    result = await gnl.create_worker(storage, {"t": handler}, retry_delay_ms=0).drain()
+    assert result == gnl.DrainResult(2, 1, 1)
+    assert calls == [(42, 1)]
+    assert results == [{"charged": 42, "on_attempt": 1}] * 2
+    job = await gnl.get_job(storage, job_id)
+    assert job is not None and job.state == "done" and job.attempts == 2
+    assert job.result == {"charged": 42, "on_attempt": 1}
+
+
+async def test_steps_are_per_name_and_per_job(storage: gnl.Storage) -> None:
+    calls: list[str] = []
+
+    def record(tag: str) -> str:
+        calls.append(tag)
+        return tag
+
+    async def handler(payload: Any, ctx: gnl.JobContext) -> list[str]:
+        a = await ctx.step("a", record, f"{ctx.job_id}:a")
+        b = await ctx.step("b", record, f"{ctx.job_id}:b")
+        a2 = await ctx.step("a", record, "never")
+        return [a, b, a2]
+
+    await gnl.enqueue(storage, "t", None, id="j1")
+    await gnl.enqueue(storage, "t", None, id="j1", org_id="acme")  # same id, another run
+    await gnl.create_worker(storage, {"t": handler}).drain()
+    assert sorted(calls) == ["j1:a", "j1:a", "j1:b", "j1:b"]
+    for org in (None, "acme"):
+        job = await gnl.get_job(storage, "j1", org_id=org)
+        assert job is not None and job.result == ["j1:a", "j1:b", "j1:a"]
+
+
+async def test_step_result_must_be_json(storage: gnl.Storage) -> None:
+    errors: list[BaseException] = []
+    later: list[Any] = []
+
+    async def handler(payload: Any, ctx: gnl.JobContext) -> None:
+        try:
+            await ctx.step("bad", lambda: {1, 2})
+        except TypeError as e:
+            errors.append(e)
+        try:
+            await ctx.step("nan", lambda: float("nan"))
+        except ValueError as e:
+            errors.append(e)
+        # Nothing was recorded: the step runs again and records a JSON value.
+        later.append(await ctx.step("bad", lambda: [1, 2]))
+
+    await gnl.enqueue(storage, "t", None)
+    assert (await gnl.create_worker(storage, {"t": handler}).drain()).succeeded == 1
+    assert len(errors) == 2
+    assert isinstance(errors[0], TypeError) and not isinstance(errors[0], gnl.GnlError)
+    assert isinstance(errors[1], gnl.InvalidArgumentError)
+    assert later == [[1, 2]]
+
+
+async def test_step_failure_is_not_recorded(storage: gnl.Storage) -> None:
+    calls: list[int] = []
+
+    def flaky(attempt: int) -> int:
+        calls.append(attempt)
+        if attempt == 1:
+            raise Boom("step failed")
+        return attempt
+
+    async def handler(payload: Any, ctx: gnl.JobContext) -> int:
+        value: int = await ctx.step("flaky", flaky, ctx.attempt)
+        return value
+
+    job_id = await gnl.enqueue(storage, "t", None)
+    result = await gnl.create_worker(storage, {"t": handler}, retry_delay_ms=0).drain()
+    assert result == gnl.DrainResult(2, 1, 1)
+    assert calls == [1, 2]
+    job = await gnl.get_job(storage, job_id)
+    assert job is not None and job.result == 2
