@@ -160,12 +160,42 @@ def sqlite_lib_versions() -> str:
         import gnl._native as native
 
         data = Path(native.__file__).read_bytes()
-        m = re.search(rb"\x00(3\.\d+\.\d+)\x00", data)
+        m = re.search(rb"(?<![\w.])(3\.\d{2}\.\d{1,2})\x00", data)
         if m:
             gnl_ver = m.group(1).decode()
     except (ImportError, OSError):
         pass
     return f"anchor sqlite3 {sqlite3.sqlite_version}, gnl bundled SQLite {gnl_ver}"
+
+
+def git_commit() -> str:
+    """HEAD, marked when gnl's sources (rust/, python/) differ from it, and when the native
+    module in use was built: the build, not the commit, is what was measured."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--", "rust", "python", "Cargo.toml"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+    out = head + (" + uncommitted changes in rust/ or python/" if dirty else "")
+    try:
+        import gnl._native as native
+
+        built = time.gmtime(Path(native.__file__).stat().st_mtime)
+        out += f" (native module built {time.strftime('%Y-%m-%d %H:%M UTC', built)})"
+    except (ImportError, OSError):
+        pass
+    return out
 
 
 def machine() -> str:
@@ -177,15 +207,7 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "?"
+    commit = git_commit()
     return (
         f"{os.cpu_count()} cpus, {cpu}, {platform.platform()}, Python {platform.python_version()}, "
         f"{sqlite_lib_versions()}, commit {commit}, "
@@ -193,11 +215,14 @@ def machine() -> str:
     )
 
 
-def header(title: str, **params: object) -> None:
+def header(title: str, anchor: bool = True, **params: object) -> None:
     print(title, flush=True)
     print("  " + machine(), flush=True)
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(f"  load average at start: {load} (other work on the machine skews the figures)")
     print("  " + ", ".join(f"{k}={v}" for k, v in params.items()), flush=True)
-    print(f"  anchor pragmas: {', '.join(PRAGMAS)}", flush=True)
+    if anchor:
+        print(f"  anchor pragmas: {', '.join(PRAGMAS)}", flush=True)
 
 
 def fmt_s(med: float, lo: float, hi: float) -> str:

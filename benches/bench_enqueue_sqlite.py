@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 import _common as c
-
 import gnl
 
 N = c.env_int("N", 30_000)
@@ -189,9 +188,10 @@ def main() -> None:
         ratio = gs[0] / as_[0]
         print(f"gnl enqueue_many      {c.fmt_s(*gs)}")
         print(f"anchor executemany    {c.fmt_s(*as_)}")
-        print(f"ratio gnl/anchor      {ratio:.2f}x  (bar: <= {BAR:.0f}x: {'MET' if ratio <= BAR else 'NOT MET'})")
-        print(f"peak RSS added by the call (VmHWM, fresh process): gnl {peak_rss_added('gnl', work)}, "
-              f"anchor {peak_rss_added('anchor', work)}", flush=True)
+        met = "MET" if ratio <= BAR else "NOT MET"
+        print(f"ratio gnl/anchor      {ratio:.2f}x  (bar <= {BAR:.0f}x: {met})")
+        rss_g, rss_a = peak_rss_added("gnl", work), peak_rss_added("anchor", work)
+        print(f"peak RSS added by the call (VmHWM, fresh process): gnl {rss_g}, anchor {rss_a}")
     finally:
         work.cleanup()
 

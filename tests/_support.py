@@ -15,7 +15,7 @@ async def all_jobs(work: gnl.Storage | gnl.WorkStore) -> list[gnl.JobInfo]:
     out: list[gnl.JobInfo] = []
     cursor: str | None = None
     while True:
-        page = await gnl.list_all_jobs(work, limit=1000, cursor=cursor)
+        page = await gnl.list_all_jobs(work, limit=5000, cursor=cursor)
         out.extend(page.items)
         if page.next_cursor is None:
             return out

@@ -37,6 +37,9 @@ import gnl
 
 # The backends the conformance suite runs on. Extend to ["sqlite", "postgres", "mysql"].
 BACKENDS = ["sqlite"]
+# A run may pick others: GNL_TEST_BACKENDS=sqlite,postgres,mysql
+if os.environ.get("GNL_TEST_BACKENDS"):
+    BACKENDS = [b.strip() for b in os.environ["GNL_TEST_BACKENDS"].split(",") if b.strip()]
 
 SERVER_URL_ENV = {"postgres": "GNL_TEST_POSTGRES_URL", "mysql": "GNL_TEST_MYSQL_URL"}
 
@@ -88,7 +91,9 @@ def missing_server(reason: str) -> None:
     pytest.skip(reason)
 
 
-def _run_cli(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _run_cli(
+    args: list[str], env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         args, capture_output=True, text=True, timeout=30, env={**os.environ, **(env or {})}
     )
@@ -110,7 +115,11 @@ class _Postgres:
         if shutil.which("psql") is None:
             return "psql (the Postgres client) is not installed"
         r = self._sql("SELECT 1")
-        return None if r.returncode == 0 else f"Postgres at {self.admin_url} unreachable: {r.stderr.strip()}"
+        return (
+            None
+            if r.returncode == 0
+            else f"Postgres at {self.admin_url} unreachable: {r.stderr.strip()}"
+        )
 
     def create(self, db: str) -> str:
         r = self._sql(f'CREATE DATABASE "{db}"')
@@ -137,7 +146,11 @@ class _Mysql:
         if shutil.which("mysql") is None:
             return "the mysql client is not installed"
         r = self._sql("SELECT 1")
-        return None if r.returncode == 0 else f"MySQL at {self.admin_url} unreachable: {r.stderr.strip()}"
+        return (
+            None
+            if r.returncode == 0
+            else f"MySQL at {self.admin_url} unreachable: {r.stderr.strip()}"
+        )
 
     def create(self, db: str) -> str:
         r = self._sql(f"CREATE DATABASE `{db}`")

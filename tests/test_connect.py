@@ -41,7 +41,6 @@ async def test_relative_sqlite_url_with_a_directory(
     async with await gnl.connect("sqlite:///sub/y.db") as st:
         await gnl.enqueue(st, "t", None)
     assert (tmp_path / "sub" / "y.db").is_file()
-    assert not (Path("/sub/y.db")).exists()
 
 
 async def test_absolute_sqlite_url(backend: str, tmp_path: Path) -> None:
@@ -133,10 +132,19 @@ async def test_query_count_increases(storage: gnl.Storage) -> None:
     assert storage.query_count > c1
 
 
+def empty_store(backend: str, url: str) -> str:
+    """Make the store at ``url`` exist and be empty (SQLite: a zero-byte file)."""
+    if backend == "sqlite":
+        path = Path(url.removeprefix("sqlite://"))
+        assert path.is_absolute()
+        path.touch()
+    return url
+
+
 async def test_create_false_on_an_empty_store_names_gnl_upgrade(
-    store_url: Callable[[], str],
+    backend: str, store_url: Callable[[], str]
 ) -> None:
-    url = store_url()
+    url = empty_store(backend, store_url())
     with pytest.raises(gnl.SchemaOutdatedError) as info:
         await gnl.connect(url, create=False)
     assert isinstance(info.value, gnl.GnlError)
@@ -154,6 +162,28 @@ async def test_create_false_on_an_empty_store_names_gnl_upgrade(
     async with await gnl.connect(url, create=False) as st:
         job = await gnl.get_job(st, job_id)
         assert job is not None and job.payload == {"a": 1}
+
+
+async def test_create_false_on_a_missing_sqlite_file_creates_nothing(
+    backend: str, tmp_path: Path
+) -> None:
+    sqlite_only(backend)
+    url = f"sqlite:///{tmp_path / 'missing.db'}"
+    with pytest.raises(gnl.GnlError):
+        await gnl.connect(url, create=False)
+    assert not (tmp_path / "missing.db").exists()
+    # gnl upgrade creates it.
+    assert await gnl.upgrade(url) >= 1
+    async with await gnl.connect(url, create=False) as st:
+        assert await all_jobs(st) == []
+
+
+async def test_upgrade_of_a_missing_store_creates_it(store_url: Callable[[], str]) -> None:
+    url = store_url()
+    version = await gnl.upgrade(url)
+    async with await gnl.connect(url, create=False) as st:
+        await gnl.enqueue(st, "t", None)
+    assert await gnl.upgrade(url) == version
 
 
 async def test_concurrent_upgrades_and_connects_are_safe(store_url: Callable[[], str]) -> None:
@@ -197,3 +227,15 @@ async def test_upgrade_wrong_type_raises_type_error() -> None:
 async def test_max_connections_below_one_is_a_bad_value() -> None:
     with pytest.raises(gnl.InvalidArgumentError):
         await gnl.connect("sqlite::memory:", max_connections=0)
+
+
+async def test_unreachable_store_raises_store_unavailable(backend: str, tmp_path: Path) -> None:
+    urls = {
+        "sqlite": f"sqlite:///{tmp_path / 'no-such-dir' / 'x.db'}",
+        "postgres": "postgresql://gnl:gnl@127.0.0.1:1/gnl",
+        "mysql": "mysql://gnl:gnl@127.0.0.1:1/gnl",
+    }
+    with pytest.raises(gnl.StoreUnavailableError) as info:
+        await asyncio.wait_for(gnl.connect(urls[backend]), 60)
+    assert isinstance(info.value, gnl.GnlError)
+    assert str(info.value)

@@ -300,7 +300,7 @@ async def test_nan_and_infinity_are_bad_values(storage: gnl.Storage, payload: An
         1.7976931348623157e308,
         "",
         "héllo wörld 🌍 日本語",
-        "quotes \" and \\ backslash \n newline \t tab",
+        'quotes " and \\ backslash \n newline \t tab',
         "\u2028\u2029",
         [],
         {},
@@ -344,8 +344,9 @@ json_values = st.recursive(
     | st.integers()
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(),
-    lambda children: st.lists(children, max_size=5)
-    | st.dictionaries(st.text(max_size=8), children, max_size=5),
+    lambda children: (
+        st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=8), children, max_size=5)
+    ),
     max_leaves=20,
 )
 
@@ -360,7 +361,7 @@ def test_any_json_value_round_trips(store_url: Callable[[], str], values: list[A
     async def run() -> None:
         async with await gnl.connect(store_url()) as storage:
             ids = await gnl.enqueue_many(storage, [{"type": "t", "payload": v} for v in values])
-            for job_id, value in zip(ids, values):
+            for job_id, value in zip(ids, values, strict=True):
                 single = await gnl.enqueue(storage, "t", value)
                 for i in (job_id, single):
                     job = await gnl.get_job(storage, i)

@@ -26,8 +26,10 @@ async def test_ids_come_back_in_call_order(storage: gnl.Storage) -> None:
     ids = await gnl.enqueue_many(storage.work, jobs)
     assert len(ids) == 6
     assert ids[0] == "first" and ids[2] == "third" and ids[5] == "sixth"
-    for i, (job_id, spec) in enumerate(zip(ids, jobs)):
-        org = spec.org_id if isinstance(spec, gnl.JobSpec) else spec.get("options", {}).get("org_id")
+    for i, (job_id, spec) in enumerate(zip(ids, jobs, strict=True)):
+        org = (
+            spec.org_id if isinstance(spec, gnl.JobSpec) else spec.get("options", {}).get("org_id")
+        )
         job = await gnl.get_job(storage.work, job_id, org_id=org)
         assert job is not None, i
         assert job.payload == i
@@ -71,13 +73,21 @@ def _bad_jobs() -> list[tuple[str, Any, type[BaseException]]]:
         ("set payload", gnl.JobSpec(type="t", payload={1}), TypeError),
         ("nan payload", {"type": "t", "payload": {"x": math.nan}}, gnl.InvalidArgumentError),
         ("int key", {"type": "t", "payload": {1: 2}}, TypeError),
-        ("empty org", {"type": "t", "payload": 1, "options": {"org_id": ""}}, gnl.InvalidArgumentError),
+        (
+            "empty org",
+            {"type": "t", "payload": 1, "options": {"org_id": ""}},
+            gnl.InvalidArgumentError,
+        ),
         ("long org", gnl.JobSpec(type="t", org_id="o" * 201), gnl.InvalidArgumentError),
-        ("both", {"type": "t", "payload": 1, "options": {"run_at": 1, "delay_ms": 1}}, gnl.InvalidArgumentError),
+        (
+            "both",
+            {"type": "t", "payload": 1, "options": {"run_at": 1, "delay_ms": 1}},
+            gnl.InvalidArgumentError,
+        ),
         ("naive", gnl.JobSpec(type="t", run_at=datetime(2020, 1, 1)), gnl.InvalidArgumentError),
         ("type int", {"type": 1, "payload": 1}, TypeError),
         ("delay str", {"type": "t", "payload": 1, "options": {"delay_ms": "5"}}, TypeError),
-        ("delay bool", gnl.JobSpec(type="t", delay_ms=True), TypeError),  # type: ignore[arg-type]
+        ("delay bool", gnl.JobSpec(type="t", delay_ms=True), TypeError),
         ("id int", {"type": "t", "payload": 1, "options": {"id": 5}}, TypeError),
         ("not a job", ("t", 1), TypeError),
         ("not a job", "t", TypeError),
@@ -122,7 +132,9 @@ async def test_unknown_keys_are_refused(storage: gnl.Storage, job: dict[str, Any
         await gnl.enqueue_many(storage.work, jobs)
     assert info.value.index == 1
     assert isinstance(info.value.__cause__, (TypeError, gnl.InvalidArgumentError))
-    unknown = next(k for k in (*job, *job.get("options", {})) if k not in ("type", "payload", "options"))
+    unknown = next(
+        k for k in (*job, *job.get("options", {})) if k not in ("type", "payload", "options")
+    )
     assert unknown in str(info.value) or unknown in str(info.value.__cause__)
     assert await job_count(storage) == 0
 
@@ -150,7 +162,10 @@ async def test_already_enqueued_ids_are_one_job(storage: gnl.Storage) -> None:
     before = await gnl.get_job(storage, "x")
     ids = await gnl.enqueue_many(
         storage,
-        [{"type": "t", "payload": "new", "options": {"id": "x"}}, {"type": "t", "payload": "y", "options": {"id": "y"}}],
+        [
+            {"type": "t", "payload": "new", "options": {"id": "x"}},
+            {"type": "t", "payload": "y", "options": {"id": "y"}},
+        ],
     )
     assert ids == ["x", "y"]
     assert await gnl.get_job(storage, "x") == before

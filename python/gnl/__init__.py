@@ -6,6 +6,7 @@ Everything public is exported here (API.md is the contract).
 
 from __future__ import annotations
 
+from . import _bridge  # noqa: F401  (registers the exit hook)
 from .errors import (
     CronError,
     ExecutionRevokedError,

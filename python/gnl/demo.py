@@ -21,8 +21,8 @@ import asyncio
 import csv
 import logging
 import multiprocessing
-import os
 import queue
+import signal
 import sqlite3
 import statistics
 import threading
@@ -93,7 +93,7 @@ class DemoOptions:
     timeout_s: float = 300.0
 
 
-# -- the input -----------------------------------------------------------------------------
+# -- the input ------------------------------------------------------------------------------------
 
 
 def default_csv() -> Path | None:
@@ -181,7 +181,9 @@ def load_csv(path: Path, org_column: str | None = None, id_column: str | None = 
         raise DemoError(f"{path} has a header but no rows")
     for opt, col in (("--org-column", org_column), ("--id-column", id_column)):
         if col is not None and col not in columns:
-            raise DemoError(f"{opt} {col!r}: no such column in {path} (columns: {', '.join(columns)})")
+            raise DemoError(
+                f"{opt} {col!r}: no such column in {path} (columns: {', '.join(columns)})"
+            )
     org_col = org_column if org_column is not None else _choose_org_column(columns, rows)
     orgs = [((r.get(org_col) or "").strip() or None) if org_col else None for r in rows]
     if id_column is None:
@@ -195,14 +197,15 @@ def load_csv(path: Path, org_column: str | None = None, id_column: str | None = 
                 raise DemoError(f"{path} line {n}: empty {id_column!r} (--id-column)")
             if k in seen:
                 raise DemoError(
-                    f"{path} line {n}: {id_column} {k!r} repeats line {seen[k]}; job ids must be unique"
+                    f"{path} line {n}: {id_column} {k!r} repeats line {seen[k]}; "
+                    "job ids must be unique"
                 )
             seen[k] = n
             keys.append(k)
     return CsvData(path, columns, rows, lines, keys, orgs, org_col, id_column)
 
 
-# -- store and files ---------------------------------------------------------------------------
+# -- store and files ------------------------------------------------------------------------------
 
 
 def _sqlite_file(url: str) -> Path | None:
@@ -212,7 +215,9 @@ def _sqlite_file(url: str) -> Path | None:
         DemoError: an in-memory SQLite store (worker processes cannot share it).
     """
     if url in ("sqlite::memory:", "sqlite://:memory:"):
-        raise DemoError("the demo's workers are separate processes: use a SQLite file, not :memory:")
+        raise DemoError(
+            "the demo's workers are separate processes: use a SQLite file, not :memory:"
+        )
     if not url.startswith("sqlite://"):
         return None
     rest = url[len("sqlite://") :]
@@ -244,7 +249,9 @@ def _result_rows(path: Path) -> list[tuple[str, str | None, str, int]]:
     try:
         return [
             (str(k), o, str(w), int(a))
-            for k, o, w, a in db.execute(f"SELECT row_key, org, worker, attempt FROM {RESULTS_TABLE}")
+            for k, o, w, a in db.execute(
+                f"SELECT row_key, org, worker, attempt FROM {RESULTS_TABLE}"
+            )
         ]
     finally:
         db.close()
@@ -267,7 +274,7 @@ async def _list_ours(storage: gnl.Storage, ours: set[JobKey]) -> dict[JobKey, gn
             return found
 
 
-# -- fairness ----------------------------------------------------------------------------------
+# -- fairness -------------------------------------------------------------------------------------
 
 
 def max_min_shares(demands: Sequence[int], total: int) -> list[float]:
@@ -358,7 +365,7 @@ def _fairness(done: list[tuple[int, str | None, int]], t0: int, t_end: int) -> F
     return fair
 
 
-# -- the run -------------------------------------------------------------------------------------
+# -- the run --------------------------------------------------------------------------------------
 
 
 class _ConsoleHandler(logging.Handler):
@@ -410,7 +417,6 @@ def _read_inbox(out: Any, inbox: _Inbox) -> None:
 class _Outcome:
     jobs: dict[JobKey, gnl.JobInfo]
     t0: int
-    wall_s: float
     crash_seen: bool
     exit_codes: dict[str, int | None]
     stats: dict[int, dict[str, Any]]
@@ -445,9 +451,6 @@ def run_demo(opts: DemoOptions, console: Console) -> int:
     fresh_default = opts.url is None and not opts.keep
     if fresh_default and db_file is not None:
         _remove_sqlite(db_file)
-    if not opts.keep:
-        _remove_sqlite(results)
-    create_results_table(str(results))
 
     handler = _ConsoleHandler(console)
     handler.setFormatter(logging.Formatter("%(message)s"))
@@ -461,6 +464,8 @@ def run_demo(opts: DemoOptions, console: Console) -> int:
     gnl_log.setLevel(logging.WARNING)
     try:
         return asyncio.run(_run(opts, console, url, data, results))
+    except sqlite3.Error as e:
+        raise DemoError(f"results file {results}: {e}") from None
     finally:
         demo_log.removeHandler(handler)
         gnl_log.removeHandler(handler)
@@ -471,23 +476,31 @@ def run_demo(opts: DemoOptions, console: Console) -> int:
 
 async def _run(opts: DemoOptions, console: Console, url: str, data: CsvData, results: Path) -> int:
     n = len(data.rows)
-    n_orgs = len(set(data.orgs))
-    org_text = f"column {data.org_column!r}" if data.org_column else "no organization column"
     console.print(
-        f"[bold]gnl demo[/]: {n:,} rows from [cyan]{data.path}[/] → [cyan]{url}[/] "
-        f"({n_orgs:,} organizations by {org_text}); results in [cyan]{results}[/]",
-        highlight=False,
+        Text.assemble(
+            ("gnl demo", "bold"),
+            f": {n:,} rows from ",
+            (str(data.path), "cyan"),
+            " → ",
+            (url, "cyan"),
+            f"; {_org_text(data)}; results in ",
+            (str(results), "cyan"),
+        )
     )
     storage = await gnl.connect(url)
     try:
+        if not opts.keep:
+            _remove_sqlite(results)
+        create_results_table(str(results))
         ours: set[JobKey] = set(zip(data.orgs, data.keys, strict=True))
         if not opts.keep:
             probe = await gnl.get_job(storage.work, data.keys[0], data.orgs[0])
             if probe is not None:
                 raise DemoError(
-                    f"{url} already holds job {data.keys[0]!r} (org {data.orgs[0]}) from an earlier "
-                    "run; use a fresh store, or --keep to resume it"
+                    f"{url} already holds job {data.keys[0]!r} (org {data.orgs[0]}) from an "
+                    "earlier run; use a fresh store, or --keep to resume it"
                 )
+        existing = len(await _list_ours(storage, ours)) if opts.keep else 0
         specs = [
             {"type": JOB_TYPE, "payload": row, "options": {"id": key, "org_id": org}}
             for row, key, org in zip(data.rows, data.keys, data.orgs, strict=True)
@@ -508,7 +521,7 @@ async def _run(opts: DemoOptions, console: Console, url: str, data: CsvData, res
             highlight=False,
         )
         outcome = await _work(opts, console, storage, data, ours, results)
-        return _report(opts, console, data, ids, enqueue_s, results, outcome)
+        return _report(opts, console, data, ids, enqueue_s, existing, results, outcome)
     finally:
         await storage.close()
 
@@ -526,7 +539,9 @@ async def _work(
     go, stop = mp.Event(), mp.Event()
     out: Any = mp.SimpleQueue()
     inbox = _Inbox()
-    reader = threading.Thread(target=_read_inbox, args=(out, inbox), name="gnl-demo-inbox", daemon=True)
+    reader = threading.Thread(
+        target=_read_inbox, args=(out, inbox), name="gnl-demo-inbox", daemon=True
+    )
     reader.start()
     crasher: int | None = None
     crash_after: int | None = None
@@ -554,12 +569,13 @@ async def _work(
     timed_out = False
     problem: str | None = None
     t0 = await storage.now_ms()
-    wall0 = time.perf_counter()
     try:
         for cfg in configs:
-            p = mp.Process(target=worker_main, args=(cfg, go, stop, out), name=cfg.name, daemon=True)
-            p.start()
-            procs.append(p)
+            proc = mp.Process(
+                target=worker_main, args=(cfg, go, stop, out), name=cfg.name, daemon=True
+            )
+            proc.start()
+            procs.append(proc)
         deadline = time.monotonic() + 60
         while len(inbox.ready) + len(inbox.failed) < len(procs):
             if time.monotonic() > deadline or any(
@@ -574,13 +590,12 @@ async def _work(
             raise DemoError("a worker could not start: " + "; ".join(inbox.failed.values()))
         if crasher is not None:
             log.info(
-                "%s will crash (os._exit) after %d rows; leases last %d ms",
+                "%s will crash (os._exit) after %s; leases last %d ms",
                 configs[crasher].name,
-                crash_after,
+                _rows(crash_after or 0),
                 opts.ttl_ms,
             )
         t0 = await storage.now_ms()
-        wall0 = time.perf_counter()
         go.set()
         reported: set[int] = set()
         jobs: dict[JobKey, gnl.JobInfo] = {}
@@ -625,7 +640,10 @@ async def _work(
                 progress.update(
                     task,
                     completed=min(imported, n),
-                    status=f"done {states['done']:,} · reclaims {reclaims} · workers {alive}/{len(procs)}",
+                    status=(
+                        f"done {states['done']:,} · reclaims {reclaims} · "
+                        f"workers {alive}/{len(procs)}"
+                    ),
                 )
                 if len(jobs) == len(ours) and states["pending"] + states["running"] == 0:
                     break
@@ -634,16 +652,21 @@ async def _work(
                     break
                 if now > deadline:
                     timed_out = True
-                    problem = (
-                        f"timed out after {opts.timeout_s:.0f} s: "
-                        + ", ".join(f"{k} {v:,}" for k, v in sorted(states.items()))
+                    problem = f"timed out after {opts.timeout_s:.0f} s: " + ", ".join(
+                        f"{k} {v:,}" for k, v in sorted(states.items())
                     )
                     break
                 await asyncio.sleep(0.2)
-        wall_s = time.perf_counter() - wall0
         stop.set()
         for p in procs:
             await asyncio.to_thread(p.join, 30)
+        for i, p in enumerate(procs):
+            if p.exitcode is not None and p.exitcode < 0 and i in inbox.stats:
+                log.warning(
+                    "%s stopped cleanly, then died of signal %d while its interpreter exited",
+                    p.name,
+                    -p.exitcode,
+                )
         stuck = [p.name for p in procs if p.exitcode is None]
         if stuck:
             problem = (problem + "; " if problem else "") + (
@@ -662,7 +685,6 @@ async def _work(
     return _Outcome(
         jobs=jobs,
         t0=t0,
-        wall_s=wall_s,
         crash_seen=crash_seen,
         exit_codes={p.name: p.exitcode for p in procs},
         stats=dict(inbox.stats),
@@ -670,6 +692,36 @@ async def _work(
         timed_out=timed_out,
         problem=problem,
     )
+
+
+def _exit_text(index: int, code: int | None, o: _Outcome) -> str:
+    if code == 0:
+        return ""
+    if code == CRASH_EXIT_CODE and o.crasher is not None and o.crasher.index == index:
+        return " (crashed on purpose)"
+    if code is not None and code < 0 and index in o.stats:
+        # It sent its stats, so it had stopped cleanly: it died while the interpreter exited.
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f" (stopped cleanly, then died of {name} at interpreter exit)"
+    return f" (exit code {code})"
+
+
+def _org_text(data: CsvData) -> str:
+    if data.org_column is None:
+        return "no organization column: every job in the no-organization lane"
+    named = len({o for o in data.orgs if o is not None})
+    text = f"{named:,} organizations by column {data.org_column!r}"
+    blank = sum(1 for o in data.orgs if o is None)
+    if blank:
+        text += f" (+ {blank:,} {'row' if blank == 1 else 'rows'} without one)"
+    return text
+
+
+def _rows(n: int) -> str:
+    return f"{n:,} row" if n == 1 else f"{n:,} rows"
 
 
 def _pct(x: float | None) -> str:
@@ -682,6 +734,7 @@ def _report(
     data: CsvData,
     ids: list[str],
     enqueue_s: float,
+    existing: int,
     results: Path,
     o: _Outcome,
 ) -> int:
@@ -695,7 +748,8 @@ def _report(
     imported = sum(1 for k in data.keys if per_key[k] >= 1)
     jobs = o.jobs
     states = Counter(j.state for j in jobs.values())
-    reclaimed = sorted((j for j in jobs.values() if j.attempts > 1), key=lambda j: j.id)
+    ran_now = [j for j in jobs.values() if j.finished_at is not None and j.finished_at >= o.t0]
+    reclaimed = [j for j in ran_now if j.attempts > 1]
     replayed = sum(int(s.get("replayed", 0)) for s in o.stats.values())
     reruns = sum(int(s.get("reruns", 0)) for s in o.stats.values())
     written_by = Counter(w for _, _, w, _ in rows)
@@ -714,13 +768,14 @@ def _report(
     table.add_column("what", style="bold")
     table.add_column("value")
     table.add_row("Rows in CSV", f"{n:,} ({data.path.name}, {len(data.columns)} columns)")
-    org_desc = f"by column {data.org_column!r}" if data.org_column else "none (no org column)"
-    table.add_row("Organizations", f"{len(set(data.orgs)):,} {org_desc}")
-    table.add_row(
-        "Jobs enqueued",
+    table.add_row("Organizations", _org_text(data))
+    enq = (
         f"{len(set(ids)):,} with one enqueue_many call in {enqueue_s:.2f} s "
-        f"({len(ids) / max(enqueue_s, 1e-9):,.0f} jobs/s)",
+        f"({len(ids) / max(enqueue_s, 1e-9):,.0f} jobs/s)"
     )
+    if existing:
+        enq += f"; {existing:,} of them were already in the store (same id: same job)"
+    table.add_row("Jobs enqueued", enq)
     other = ", ".join(f"{s} {c:,}" for s, c in sorted(states.items()) if s != "done")
     table.add_row("Jobs done", f"{states['done']:,}" + (f" ({other})" if other else ""))
     ok_rows = not missing and not twice
@@ -736,40 +791,37 @@ def _report(
         Text(f"{len(twice):,}", style="bold green" if not twice else "bold red"),
     )
     workers = " · ".join(
-        f"{name} {written_by[name]:,}"
-        + (
-            " (crashed)"
-            if code == CRASH_EXIT_CODE
-            else ""
-            if code == 0
-            else f" (exit {code})"
-        )
-        for name, code in o.exit_codes.items()
+        f"{name} {written_by[name]:,}{_exit_text(i, code, o)}"
+        for i, (name, code) in enumerate(o.exit_codes.items())
     )
     table.add_row(
-        "Workers", f"{len(o.exit_codes)} processes × concurrency {opts.concurrency}; rows written: {workers}"
+        "Workers",
+        f"{len(o.exit_codes)} processes × concurrency {opts.concurrency}; rows written: {workers}",
     )
     if o.crasher is not None:
         crasher = o.crasher.name
         crash_after = o.crasher.crash_after or 0
         if o.crash_seen:
             crash_text = (
-                f"{crasher} killed itself with os._exit after {crash_after:,} rows "
+                f"{crasher} killed itself with os._exit after {_rows(crash_after)} "
                 f"(leases of {opts.ttl_ms:,} ms went stale)"
             )
         else:
             crash_text = (
-                f"{crasher} was set to crash after {crash_after:,} rows but did not "
+                f"{crasher} was set to crash after {_rows(crash_after)} but did not "
                 "get that far (nothing to do?)"
             )
         table.add_row("Crash", crash_text)
     else:
         table.add_row("Crash", "none (--no-crash)" if not opts.crash else "none (one worker)")
     reclaim_text = f"{len(reclaimed):,} jobs ran again after a stale lease (attempts > 1)"
+    if len(ran_now) < len(jobs):
+        reclaim_text += " in this run"
     if reclaimed:
         reclaim_text += (
-            f"; handler reruns seen: {reruns:,}, of which {replayed:,} found their step "
-            "journaled and did not write again"
+            f"; of the {reruns:,} reruns the surviving workers saw, {replayed:,} found their "
+            f"step journaled and did not write again, {reruns - replayed:,} had not reached "
+            "it before the crash and wrote on the rerun"
         )
     table.add_row("Reclaims", reclaim_text)
     if fair.orgs:
@@ -785,7 +837,9 @@ def _report(
         )
         jain = "n/a" if fair.jain is None else f"{fair.jain:.3f}"
         jain_fifo = "n/a" if fair.jain_fifo is None else f"{fair.jain_fifo:.3f}"
-        table.add_row("Fairness: Jain index", f"{jain} over the first half of the run (FIFO: {jain_fifo})")
+        table.add_row(
+            "Fairness: Jain index", f"{jain} over the first half of the run (FIFO: {jain_fifo})"
+        )
         table.add_row(
             "Throughput",
             f"{len(done_now) / max(phase_s, 1e-9):,.0f} jobs/s ({len(done_now):,} jobs in "
@@ -794,7 +848,9 @@ def _report(
     else:
         table.add_row("Fairness / throughput", "n/a: no job ran in this run (all were done before)")
     if stray:
-        table.add_row("Other rows in results", f"{len(stray):,} keys not in this CSV (an earlier run?)")
+        table.add_row(
+            "Other rows in results", f"{len(stray):,} keys not in this CSV (an earlier run?)"
+        )
     console.print()
     console.print(table)
     if fair.orgs:
@@ -827,10 +883,9 @@ def _report(
         return 1
     console.print(
         Text(
-            f"OK: every row imported exactly once ({n:,} rows, 0 written twice)",
+            f"OK: every row imported exactly once ({_rows(n)}, 0 written twice)",
             style="bold green",
         )
     )
     assert ok_rows
     return 0
-

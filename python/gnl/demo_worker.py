@@ -84,12 +84,13 @@ class WorkerStats:
     replayed: int = 0  # runs whose step was already journaled: the recorded result came back
     reruns: int = 0  # runs with ctx.attempt > 1 (the job had been claimed before)
     lost: int = 0  # runs whose signal aborted (lease lost, canceled)
+    slow_steps: int = 0  # steps that took more than half the lease
     started: int = 0
     in_window: int = 0  # handlers between their side effect and its journal record
     errors: list[str] = field(default_factory=list)
 
 
-# -- the result table ---------------------------------------------------------------------
+# -- the result table -----------------------------------------------------------------------------
 
 
 def open_results(path: str) -> sqlite3.Connection:
@@ -124,7 +125,7 @@ def create_results_table(path: str) -> None:
         db.close()
 
 
-# -- the work a row gets --------------------------------------------------------------------
+# -- the work a row gets --------------------------------------------------------------------------
 
 
 def _pick(row: dict[str, str | None], names: tuple[str, ...]) -> str | None:
@@ -158,7 +159,7 @@ def normalise_row(payload: Any) -> dict[str, Any]:
     problems: list[str] = []
     distance: float | None = None
     lat_s, lon_s = _pick(row, _LAT_NAMES), _pick(row, _LON_NAMES)
-    if lat_s is not None and lon_s is not None:
+    if lat_s and lon_s:
         try:
             lat, lon = float(lat_s), float(lon_s)
         except ValueError:
@@ -177,7 +178,7 @@ def normalise_row(payload: Any) -> dict[str, Any]:
     }
 
 
-# -- the worker process ---------------------------------------------------------------------
+# -- the worker process ---------------------------------------------------------------------------
 
 
 class _PipeHandler(logging.Handler):
@@ -265,14 +266,34 @@ async def _serve(cfg: WorkerConfig, go: Event, stop: Event, out: SimpleQueue[Any
             )
             return {"rowid": cur.lastrowid, "worker": cfg.name, "attempt": ctx.attempt}
 
+        step_started = time.monotonic()
         try:
             recorded = await ctx.step("write-row", write_row)
-        except gnl.ExecutionRevokedError:
+        except gnl.ExecutionRevokedError as e:
             stats.lost += 1
+            log.warning(
+                "%s: %s (org %s) revoked before its step: %s",
+                cfg.name,
+                ctx.job_id,
+                ctx.org_id,
+                e.why,
+            )
             raise
         finally:
             if wrote:
                 stats.in_window -= 1
+        step_ms = (time.monotonic() - step_started) * 1000
+        if step_ms > cfg.ttl_ms / 2:
+            stats.slow_steps += 1
+            log.warning(
+                "%s: the step of %s (org %s) took %.0f ms (lease %d ms)%s",
+                cfg.name,
+                ctx.job_id,
+                ctx.org_id,
+                step_ms,
+                cfg.ttl_ms,
+                f"; its signal aborted: {ctx.signal.reason.why}" if ctx.signal.reason else "",
+            )
         if wrote:
             stats.written += 1
         else:
@@ -296,7 +317,7 @@ async def _serve(cfg: WorkerConfig, go: Event, stop: Event, out: SimpleQueue[Any
             # The step of this job is journaled, its handler has not returned: the job stays
             # `running` under this worker's lease, which nobody renews after os._exit.
             log.warning(
-                "%s: crashing on purpose (os._exit) after %d rows, in the middle of %s "
+                "%s: crashing on purpose (os._exit) after %d row(s), in the middle of %s "
                 "with %d handlers in flight",
                 cfg.name,
                 stats.handled,

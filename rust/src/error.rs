@@ -90,24 +90,33 @@ impl Error {
 
 /// SQLite result codes that mean "try again later" rather than "this statement is wrong".
 const SQLITE_TRANSIENT: &[&str] = &["5", "6", "261", "262", "517", "10", "14"];
+/// Postgres SQLSTATEs (besides class 08) that mean "try again later".
+const PG_TRANSIENT: &[&str] = &["40001", "40P01", "53300", "57P01", "57P02", "57P03"];
+/// MySQL / MariaDB error numbers that mean "try again later".
+const MYSQL_TRANSIENT: &[u16] = &[1040, 1053, 1205, 1213, 1927, 2006, 2013, 4031];
 
 impl From<sqlx::Error> for Error {
     fn from(e: sqlx::Error) -> Self {
         match e {
             sqlx::Error::Database(db) => {
-                let code = db.code().map(|c| c.into_owned());
-                let transient = match code.as_deref() {
+                // MySQL: carry the error number (more precise than its SQLSTATE).
+                let mysql = db
+                    .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                    .map(|m| m.number());
+                let code = match mysql {
+                    Some(n) => Some(n.to_string()),
+                    None => db.code().map(|c| c.into_owned()),
+                };
+                let transient = match (mysql, code.as_deref()) {
+                    // MySQL: lock wait timeout, deadlock, too many connections, shutdown in
+                    // progress, connection killed, server gone / lost, idle disconnect.
+                    (Some(n), _) => MYSQL_TRANSIENT.contains(&n),
                     // SQLite: busy / locked / IO / cantopen.
-                    Some(c) if SQLITE_TRANSIENT.contains(&c) => true,
-                    // Postgres: connection exceptions, admin shutdown, cannot connect now.
-                    Some(c)
-                        if c.starts_with("08") || c == "57P01" || c == "57P02" || c == "57P03" =>
-                    {
-                        true
-                    }
-                    // MySQL: lock wait timeout, deadlock, server gone.
-                    Some("1205") | Some("1213") | Some("2006") | Some("2013") => true,
-                    _ => false,
+                    (None, Some(c)) if SQLITE_TRANSIENT.contains(&c) => true,
+                    // Postgres: connection exceptions, serialization failure, deadlock, too
+                    // many connections, admin shutdown, crash shutdown, cannot connect now.
+                    (None, Some(c)) => c.starts_with("08") || PG_TRANSIENT.contains(&c),
+                    (None, None) => false,
                 };
                 if transient {
                     Error::StoreUnavailable {

@@ -227,7 +227,15 @@ async fn renew_loop(s: Arc<Shared>) {
             failures = 0;
             continue;
         }
-        match s.store.renew(&leases, s.req.ttl_ms).await {
+        // A renewal that hangs (a store stalled on locks) counts as unanswered after one period.
+        let answer = match tokio::time::timeout(every, s.store.renew(&leases, s.req.ttl_ms)).await {
+            Ok(r) => r,
+            Err(_) => Err(Error::StoreUnavailable {
+                reason: format!("no answer within {} ms", every.as_millis()),
+                code: None,
+            }),
+        };
+        match answer {
             Ok(status) => {
                 failures = 0;
                 for (l, st) in leases.iter().zip(status) {

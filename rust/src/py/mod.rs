@@ -7,9 +7,13 @@ mod jobs;
 mod json;
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::IntoPyObjectExt;
 
 use crate::cursor::Cursor;
 use crate::error::Error;
@@ -18,19 +22,74 @@ use crate::store::{self, Store};
 use crate::worker::WorkerCore;
 use errors::{internal, to_py, InvalidArgumentError};
 
-/// Run `fut` on the tokio runtime and hand asyncio an awaitable for its result.
+/// Native threads inside (or about to enter) Python. `quiesce` waits for them at exit.
+static INFLIGHT: AtomicUsize = AtomicUsize::new(0);
+/// Set by `quiesce` (an `atexit` hook): from then on native threads never enter Python.
+static EXITING: AtomicBool = AtomicBool::new(false);
+/// `gnl._bridge.resolve(fut, ok, value)`.
+static RESOLVE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+/// `asyncio.get_running_loop`.
+static GET_LOOP: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// Run `f` with the GIL from a native thread, unless the interpreter is exiting.
+///
+/// Entering Python while the interpreter finalizes aborts the process (pyo3-async-runtimes
+/// issue #40), so every native thread enters through here and `quiesce` can wait them out.
+pub(crate) fn with_python<R>(f: impl FnOnce(Python<'_>) -> R) -> Option<R> {
+    INFLIGHT.fetch_add(1, Ordering::SeqCst);
+    let r = if EXITING.load(Ordering::SeqCst) {
+        None
+    } else {
+        Some(Python::attach(f))
+    };
+    INFLIGHT.fetch_sub(1, Ordering::SeqCst);
+    r
+}
+
+fn cached<'py>(
+    cell: &'static PyOnceLock<Py<PyAny>>,
+    py: Python<'py>,
+    module: &str,
+    name: &str,
+) -> PyResult<Bound<'py, PyAny>> {
+    cell.get_or_try_init(py, || {
+        Ok::<_, PyErr>(py.import(module)?.getattr(name)?.unbind())
+    })
+    .map(|f| f.bind(py).clone())
+}
+
+/// Run `fut` on the tokio runtime and return an asyncio future for its result.
+///
+/// The result is handed to the loop with `call_soon_threadsafe` from a native thread that
+/// enters Python through `with_python`; a panic becomes a `gnl.GnlError`.
 fn spawn<'py, F, T>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
 where
     F: Future<Output = Result<T, Error>> + Send + 'static,
     T: for<'a> IntoPyObject<'a> + Send + 'static,
 {
-    pyo3_async_runtimes::tokio::future_into_py(py, async move {
-        match pyo3_async_runtimes::tokio::get_runtime().spawn(fut).await {
+    let event_loop = cached(&GET_LOOP, py, "asyncio", "get_running_loop")?.call0()?;
+    let py_fut = event_loop.call_method0("create_future")?;
+    let resolve = cached(&RESOLVE, py, "gnl._bridge", "resolve")?.unbind();
+    let loop_ref = event_loop.unbind();
+    let fut_ref = py_fut.clone().unbind();
+    let rt = pyo3_async_runtimes::tokio::get_runtime();
+    rt.spawn(async move {
+        let res = match tokio::spawn(fut).await {
             Ok(r) => r.map_err(to_py),
             Err(e) if e.is_panic() => Err(internal("a task panicked")),
             Err(_) => Err(internal("a task was cancelled")),
-        }
-    })
+        };
+        with_python(move |py| {
+            let (ok, value) = match res.and_then(|v| v.into_bound_py_any(py)) {
+                Ok(v) => (true, v.unbind()),
+                Err(e) => (false, e.into_value(py).into_any()),
+            };
+            // A closed loop means nobody is waiting any more.
+            let _ =
+                loop_ref.call_method1(py, "call_soon_threadsafe", (resolve, fut_ref, ok, value));
+        });
+    });
+    Ok(py_fut)
 }
 
 /// A job as stored, for `gnl.JobInfo` (JSON fields still as text).
@@ -490,6 +549,19 @@ fn default_retry_delay_ms(attempt: i64) -> i64 {
     crate::retry::default_job_retry_delay_ms(attempt, rand::random::<f64>() * 2.0 - 1.0)
 }
 
+/// Called at interpreter exit (`atexit`): stop native threads from entering Python and wait
+/// up to `timeout_ms` for those inside it to leave.
+#[pyfunction]
+fn quiesce(py: Python<'_>, timeout_ms: u64) {
+    EXITING.store(true, Ordering::SeqCst);
+    py.detach(|| {
+        let deadline = Instant::now() + Duration::from_millis(timeout_ms);
+        while INFLIGHT.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    });
+}
+
 #[pymodule]
 #[pyo3(name = "_native")]
 fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -501,6 +573,7 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(encode_json, m)?)?;
     m.add_function(wrap_pyfunction!(job_run_id, m)?)?;
     m.add_function(wrap_pyfunction!(default_retry_delay_ms, m)?)?;
+    m.add_function(wrap_pyfunction!(quiesce, m)?)?;
     m.add("SCHEMA_VERSION", store::latest_version("sqlite"))?;
     Ok(())
 }

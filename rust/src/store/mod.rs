@@ -12,6 +12,8 @@ use crate::model::{
     ClaimRequest, ClaimedJob, JobRow, LeaseRef, ListQuery, NewJob, Outcome, RenewStatus,
 };
 
+pub mod mysql;
+pub mod postgres;
 pub mod sqlite;
 pub mod url;
 
@@ -62,7 +64,7 @@ pub trait Store: Send + Sync + 'static {
 /// Open a store by URL and check its schema: an empty store gets the current schema when
 /// `create`, an older one is refused with `SchemaOutdated`, a newer one with `SchemaTooNew`.
 pub async fn open(url: &str, max_connections: u32, create: bool) -> Result<Arc<dyn Store>> {
-    let store = connect(url, max_connections).await?;
+    let store = connect(url, max_connections, create).await?;
     let latest = latest_version(store.backend());
     match store.schema_version().await? {
         None if create => store.migrate().await?,
@@ -93,7 +95,7 @@ pub async fn open(url: &str, max_connections: u32, create: bool) -> Result<Arc<d
 
 /// Bring a store to the current schema (`gnl upgrade`).
 pub async fn upgrade(url: &str) -> Result<i64> {
-    let store = connect(url, 2).await?;
+    let store = connect(url, 2, true).await?;
     let latest = latest_version(store.backend());
     if let Some(v) = store.schema_version().await? {
         if v > latest {
@@ -109,15 +111,17 @@ pub async fn upgrade(url: &str) -> Result<i64> {
     r.map(|_| latest)
 }
 
-async fn connect(url: &str, max_connections: u32) -> Result<Arc<dyn Store>> {
+async fn connect(url: &str, max_connections: u32, create: bool) -> Result<Arc<dyn Store>> {
     match url::parse(url)? {
         url::Target::Sqlite(t) => Ok(Arc::new(
-            sqlite::SqliteStore::connect(t, max_connections, url).await?,
+            sqlite::SqliteStore::connect(t, max_connections, create).await?,
         )),
-        url::Target::Postgres(_) | url::Target::Mysql(_) => Err(Error::UnsupportedStore(format!(
-            "this build of gnl has no engine for {}: only SQLite is available so far",
-            url.split(':').next().unwrap_or("")
-        ))),
+        url::Target::Postgres(u) => Ok(Arc::new(
+            postgres::PostgresStore::connect(&u, max_connections).await?,
+        )),
+        url::Target::Mysql(u) => Ok(Arc::new(
+            mysql::MysqlStore::connect(&u, max_connections).await?,
+        )),
     }
 }
 
@@ -129,6 +133,12 @@ pub fn latest_version(backend: &str) -> i64 {
             .map(|m| m.version)
             .max()
             .unwrap_or(0),
+        "postgres" => postgres::MIGRATOR
+            .iter()
+            .map(|m| m.version)
+            .max()
+            .unwrap_or(0),
+        "mysql" => mysql::MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0),
         _ => 0,
     }
 }

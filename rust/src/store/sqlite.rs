@@ -35,6 +35,18 @@ pub struct SqliteStore {
     var_limit: usize,
 }
 
+/// SQLite's own busy handler sleeps up to 100 ms between tries, so a process waiting for
+/// another process's write lock loses its turn again and again (and its lease renewals stall).
+/// This one retries every ~0.5 ms, for up to `BUSY_TIMEOUT`.
+extern "C" fn busy_handler(_arg: *mut std::ffi::c_void, tries: std::ffi::c_int) -> std::ffi::c_int {
+    let waited_us = i64::from(tries) * 500;
+    if waited_us >= BUSY_TIMEOUT.as_micros() as i64 {
+        return 0;
+    }
+    std::thread::sleep(Duration::from_micros(250 + (tries as u64 % 4) * 125));
+    1
+}
+
 fn clock_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -68,7 +80,7 @@ fn job_row(r: &sqlx::sqlite::SqliteRow) -> JobRow {
 type Tx<'a> = Transaction<'a, Sqlite>;
 
 impl SqliteStore {
-    pub async fn connect(target: SqliteTarget, max_connections: u32, _url: &str) -> Result<Self> {
+    pub async fn connect(target: SqliteTarget, max_connections: u32, create: bool) -> Result<Self> {
         let (opts, max) = match &target {
             SqliteTarget::Memory => {
                 // One connection holds the in-memory database for the life of the pool.
@@ -81,6 +93,12 @@ impl SqliteStore {
                 (o, 1)
             }
             SqliteTarget::File(path) => {
+                if !create && !std::path::Path::new(path).exists() {
+                    return Err(Error::StoreUnavailable {
+                        reason: format!("there is no SQLite file at {path:?} (create=False does not create one)"),
+                        code: None,
+                    });
+                }
                 let o = SqliteConnectOptions::new()
                     .filename(path)
                     .create_if_missing(true)
@@ -118,6 +136,16 @@ impl SqliteStore {
                         return Err(sqlx::Error::Configuration(
                             format!("SQLite journal_mode is {mode}, gnl needs wal").into(),
                         ));
+                    }
+                    let mut handle = conn.lock_handle().await?;
+                    // SAFETY: a valid open connection, locked for the call; the handler is a
+                    // plain function that touches no connection state.
+                    unsafe {
+                        libsqlite3_sys::sqlite3_busy_handler(
+                            handle.as_raw_handle().as_ptr(),
+                            Some(busy_handler),
+                            std::ptr::null_mut(),
+                        );
                     }
                     Ok(())
                 })
@@ -495,13 +523,15 @@ impl Store for SqliteStore {
                 out.extend(got);
                 self.counted(1);
                 sqlx::query(
-                    "UPDATE gnl_lanes SET served_at = CASE WHEN ?3 THEN ?2 ELSE served_at END, \
+                    "UPDATE gnl_lanes SET served_at = CASE WHEN ?3 THEN \
+                         max(?2, (SELECT coalesce(max(served_at), 0) FROM gnl_lanes) + 1) ELSE served_at END, \
                        next_run_at = (SELECT min(run_at) FROM gnl_jobs WHERE org = ?1 AND state = 'pending') \
                      WHERE org = ?1",
                 )
                 .bind(org)
-                // A turn ticket: the store's clock, in 1/4096 ms steps for the lanes of one batch.
-                .bind(now * 4096 + i as i64)
+                // The turn ticket: strictly increasing (claims of one millisecond must not tie),
+                // and near the store's clock (in 1/4096 ms) so a new lane's 0 sorts first.
+                .bind(now * 4096)
                 .bind(served)
                 .execute(&mut *tx)
                 .await?;

@@ -1,0 +1,451 @@
+"""The ``gnl`` command line (API.md "Command line and Studio").
+
+``gnl upgrade URL`` · ``gnl demo`` · ``gnl jobs list|show|retry|cancel``. Every command takes
+``--url`` or the ``GNL_URL`` environment variable. An error from gnl prints one line on stderr
+and exits with code 2; a command that finds nothing to do (an unknown job, a job that is not
+dead) exits with code 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict
+from datetime import datetime, timezone
+from typing import Any, NoReturn, TypeVar
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+import gnl
+
+__all__ = ["cli", "main"]
+
+T = TypeVar("T")
+
+STATES = ("pending", "running", "done", "dead", "canceled")
+
+_url_option = click.option(
+    "--url",
+    envvar="GNL_URL",
+    metavar="URL",
+    help="The store: sqlite:///path.db, postgres://…, mysql://… (or set GNL_URL).",
+)
+_org_option = click.option(
+    "--org", "org", metavar="ORG", default=None, help="The job's organization (default: none)."
+)
+
+
+class CliError(Exception):
+    """A problem to report in one line (exit code 2)."""
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    click.echo(f"gnl: {message}", err=True)
+    sys.exit(code)
+
+
+def _run(coro_fn: Callable[[], Awaitable[T]]) -> T:
+    """Run one command's coroutine; gnl's errors become one line on stderr and exit code 2."""
+
+    async def runner() -> T:
+        return await coro_fn()
+
+    try:
+        return asyncio.run(runner())
+    except CliError as e:
+        _fail(str(e))
+    except gnl.GnlError as e:
+        _fail(f"{type(e).__name__}: {e}")
+    except TypeError as e:
+        _fail(f"TypeError: {e}")
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+
+
+def _need_url(url: str | None) -> str:
+    if not url:
+        raise click.UsageError("no store given: pass --url URL or set GNL_URL")
+    return url
+
+
+def _sqlite_file(url: str) -> str | None:
+    if url in ("sqlite::memory:", "sqlite://:memory:") or not url.startswith("sqlite://"):
+        return None
+    rest = url[len("sqlite://") :]
+    return rest[1:] if rest.startswith("/") else rest
+
+
+def _need_store(url: str | None) -> str:
+    """The URL of an existing store (commands other than upgrade and demo never create one)."""
+    target = _need_url(url)
+    path = _sqlite_file(target)
+    if path and not os.path.exists(path):
+        _fail(f"no SQLite store at {path!r} (from {target})")
+    return target
+
+
+async def _open(url: str) -> gnl.Storage:
+    return await gnl.connect(url, max_connections=2, create=False)
+
+
+def _when(ms: int | None) -> str:
+    if ms is None:
+        return "—"
+    dt = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    return dt.strftime("%Y-%m-%d %H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+
+
+def _job_dict(job: gnl.JobInfo) -> dict[str, Any]:
+    return asdict(job)
+
+
+def _short(text: str | None, width: int = 60) -> str:
+    if not text:
+        return ""
+    one = " ".join(text.split())
+    return one if len(one) <= width else one[: width - 1] + "…"
+
+
+# -- the group ------------------------------------------------------------------------------------
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(gnl.__version__, prog_name="gnl")
+def cli() -> None:
+    """gnl: durable background work — a job queue, a cron scheduler and an event log on
+    SQLite, Postgres or MySQL."""
+
+
+# -- upgrade --------------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("url_arg", metavar="URL", required=False)
+@_url_option
+def upgrade(url_arg: str | None, url: str | None) -> None:
+    """Bring the store at URL to the current schema (idempotent)."""
+    target = _need_url(url_arg or url)
+    version = _run(lambda: gnl.upgrade(target))
+    click.echo(f"{target}: schema version {version}")
+
+
+# -- demo -----------------------------------------------------------------------------------------
+
+
+@cli.command()
+@_url_option
+@click.option(
+    "--csv",
+    "csv_path",
+    metavar="PATH",
+    type=click.Path(dir_okay=False),
+    help="The CSV to import (default: the shipped examples/data/airports.csv).",
+)
+@click.option(
+    "--workers", default=4, show_default=True, type=click.IntRange(1, 64), help="Worker processes."
+)
+@click.option(
+    "--concurrency",
+    default=8,
+    show_default=True,
+    type=click.IntRange(1, 1000),
+    help="Handlers per worker.",
+)
+@click.option(
+    "--org-column",
+    metavar="NAME",
+    help="The column that names each row's organization (default: 'state' if present, else the "
+    "first column with 2 to 500 distinct values that repeat).",
+)
+@click.option(
+    "--id-column", metavar="NAME", help="The column of unique job ids (default: row:<line>)."
+)
+@click.option("--no-crash", is_flag=True, help="Do not crash a worker mid-run.")
+@click.option(
+    "--keep",
+    is_flag=True,
+    help="Keep the demo's store and results file from an earlier run instead of starting fresh.",
+)
+@click.option(
+    "--ttl-ms", default=1_500, show_default=True, type=click.IntRange(3), help="Worker lease."
+)
+@click.option(
+    "--work-ms",
+    default=20.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="Simulated I/O per row, in ms (0.5x to 1.5x at random).",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    default=300.0,
+    show_default=True,
+    type=click.FloatRange(1),
+    help="Give up (and fail) after this many seconds.",
+)
+def demo(
+    url: str | None,
+    csv_path: str | None,
+    workers: int,
+    concurrency: int,
+    org_column: str | None,
+    id_column: str | None,
+    no_crash: bool,
+    keep: bool,
+    ttl_ms: int,
+    work_ms: float,
+    timeout_s: float,
+) -> None:
+    """Import a CSV with several worker processes, crash one mid-run, and check that every row
+    was written exactly once.
+
+    Default store: sqlite:///gnl-demo.db in the working directory, replaced on each run unless
+    --keep (a store given with --url or GNL_URL is never deleted). The rows go to the
+    demo_results table of <store>-results.db next to a SQLite store (gnl-demo-results.db in the
+    working directory otherwise), which is replaced unless --keep. Exit code 0 only if every
+    row was imported exactly once.
+    """
+    from .demo import DemoError, DemoOptions, run_demo
+
+    opts = DemoOptions(
+        url=url,
+        csv=csv_path,
+        workers=workers,
+        concurrency=concurrency,
+        org_column=org_column,
+        id_column=id_column,
+        crash=not no_crash,
+        keep=keep,
+        ttl_ms=ttl_ms,
+        work_ms=work_ms,
+        timeout_s=timeout_s,
+    )
+    try:
+        code = run_demo(opts, Console())
+    except DemoError as e:
+        _fail(str(e))
+    except gnl.GnlError as e:
+        _fail(f"{type(e).__name__}: {e}")
+    except TypeError as e:
+        _fail(f"TypeError: {e}")
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+    sys.exit(code)
+
+
+# -- jobs -----------------------------------------------------------------------------------------
+
+
+@cli.group()
+def jobs() -> None:
+    """List, show, retry and cancel jobs."""
+
+
+@jobs.command("list")
+@_url_option
+@_org_option
+@click.option("--state", type=click.Choice(STATES), help="Only jobs in this state.")
+@click.option("--type", "job_type", metavar="T", help="Only jobs of this type.")
+@click.option("--all", "all_orgs", is_flag=True, help="Every organization's jobs (not with --org).")
+@click.option(
+    "--limit", default=50, show_default=True, type=click.IntRange(1, 10_000), help="Jobs to show."
+)
+@click.option(
+    "--cursor", metavar="C", help="Continue a listing (the cursor a previous page printed)."
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+def jobs_list(
+    url: str | None,
+    org: str | None,
+    state: str | None,
+    job_type: str | None,
+    all_orgs: bool,
+    limit: int,
+    cursor: str | None,
+    as_json: bool,
+) -> None:
+    """List jobs: one organization's lane (--org; without it, the jobs that have no
+    organization), or every job on the store (--all), in enqueue order."""
+    target = _need_store(url)
+    if all_orgs and org is not None:
+        raise click.UsageError("--all lists every organization; it does not go with --org")
+    filtered = all_orgs and (state is not None or job_type is not None)
+    if filtered and cursor is not None:
+        raise click.UsageError("--cursor does not go with --all and --state/--type")
+
+    async def go() -> tuple[list[gnl.JobInfo], str | None, int | None]:
+        async with await _open(target) as storage:
+            if not all_orgs:
+                page = await gnl.list_jobs(
+                    storage.work, org_id=org, state=state, type=job_type, limit=limit, cursor=cursor
+                )
+                return page.items, page.next_cursor, None
+            if not filtered:
+                page = await gnl.list_all_jobs(storage.work, limit=limit, cursor=cursor)
+                return page.items, page.next_cursor, None
+            # list_all_jobs has no filters: page through the whole listing and filter here.
+            shown: list[gnl.JobInfo] = []
+            matched = 0
+            cur: str | None = None
+            while True:
+                page = await gnl.list_all_jobs(storage.work, limit=1_000, cursor=cur)
+                for job in page.items:
+                    if (state is None or job.state == state) and (
+                        job_type is None or job.type == job_type
+                    ):
+                        matched += 1
+                        if len(shown) < limit:
+                            shown.append(job)
+                cur = page.next_cursor
+                if cur is None:
+                    return shown, None, matched
+
+    items, next_cursor, matched = _run(go)
+    if as_json:
+        for job in items:
+            click.echo(json.dumps(_job_dict(job), ensure_ascii=False))
+        return
+    console = Console()
+    if not items:
+        where = "on the store" if all_orgs else f"in org {org!r}" if org else "without organization"
+        console.print(f"no jobs {where}" + (" matching the filters" if state or job_type else ""))
+        return
+    table = Table(show_lines=False, header_style="bold")
+    for col in ("org", "id", "type", "state", "att", "run at (UTC)", "updated (UTC)", "error"):
+        table.add_column(col, no_wrap=col not in ("id", "error"))
+    for job in items:
+        table.add_row(
+            escape(job.org_id or "—"),
+            escape(job.id),
+            escape(job.type),
+            job.state,
+            f"{job.attempts}/{job.max_attempts}",
+            _when(job.run_at),
+            _when(job.updated_at),
+            escape(_short(job.last_error)),
+        )
+    console.print(table)
+    if matched is not None and matched > len(items):
+        console.print(
+            f"{len(items):,} of {matched:,} matching jobs shown; raise --limit to see more"
+        )
+    elif next_cursor is not None:
+        console.print(f"more jobs: add --cursor {escape(next_cursor)}", soft_wrap=True)
+
+
+@jobs.command("show")
+@click.argument("job_id", metavar="ID")
+@_url_option
+@_org_option
+@click.option("--json", "as_json", is_flag=True, help="Print the job as one JSON object.")
+def jobs_show(job_id: str, url: str | None, org: str | None, as_json: bool) -> None:
+    """Show one job (its payload, result and last error)."""
+    target = _need_store(url)
+
+    async def go() -> gnl.JobInfo | None:
+        async with await _open(target) as storage:
+            return await gnl.get_job(storage.work, job_id, org)
+
+    job = _run(go)
+    if job is None:
+        _fail(f"no job {job_id!r} " + (f"in org {org!r}" if org else "without organization"), 1)
+    if as_json:
+        click.echo(json.dumps(_job_dict(job), ensure_ascii=False, indent=2))
+        return
+    console = Console()
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    rows: list[tuple[str, str]] = [
+        ("id", job.id),
+        ("org", job.org_id or "— (none)"),
+        ("type", job.type),
+        ("state", job.state),
+        ("attempts", f"{job.attempts} of {job.max_attempts}"),
+        ("created", _when(job.created_at)),
+        ("run at", _when(job.run_at)),
+        ("updated", _when(job.updated_at)),
+        ("finished", _when(job.finished_at)),
+        ("last error", job.last_error or "—"),
+        ("payload", json.dumps(job.payload, ensure_ascii=False, indent=2)),
+        (
+            "result",
+            "—" if job.result is None else json.dumps(job.result, ensure_ascii=False, indent=2),
+        ),
+    ]
+    for k, v in rows:
+        table.add_row(k, escape(v))
+    console.print(table)
+
+
+async def _explain(storage: gnl.Storage, job_id: str, org: str | None) -> str:
+    job = await gnl.get_job(storage.work, job_id, org)
+    where = f"in org {org!r}" if org else "without organization"
+    if job is None:
+        return f"no job {job_id!r} {where}"
+    return f"job {job_id!r} {where} is {job.state}"
+
+
+@jobs.command("retry")
+@click.argument("job_id", metavar="ID")
+@_url_option
+@_org_option
+def jobs_retry(job_id: str, url: str | None, org: str | None) -> None:
+    """Send a dead job back to pending (attempts reset to 0)."""
+    target = _need_store(url)
+
+    async def go() -> tuple[bool, str]:
+        async with await _open(target) as storage:
+            if await gnl.retry_job(storage.work, job_id, org):
+                return True, ""
+            return False, await _explain(storage, job_id, org)
+
+    ok, why = _run(go)
+    if not ok:
+        _fail(f"{why}; only a dead job can be retried, nothing changed", 1)
+    click.echo(f"job {job_id!r} is pending again")
+
+
+@jobs.command("cancel")
+@click.argument("job_id", metavar="ID")
+@_url_option
+@_org_option
+@click.option("--reason", metavar="R", help="Recorded as the job's last error.")
+def jobs_cancel(job_id: str, url: str | None, org: str | None, reason: str | None) -> None:
+    """Cancel a pending job at once, or a running one when its handler returns."""
+    target = _need_store(url)
+
+    async def go() -> tuple[bool, str]:
+        async with await _open(target) as storage:
+            before = await gnl.get_job(storage.work, job_id, org)
+            if await gnl.cancel_job(storage.work, job_id, org, reason):
+                state = before.state if before is not None else "pending"
+                return True, state
+            return False, await _explain(storage, job_id, org)
+
+    ok, info = _run(go)
+    if not ok:
+        _fail(f"{info}; only a pending or running job can be canceled, nothing changed", 1)
+    if info == "running":
+        click.echo(
+            f"job {job_id!r} is running: its signal is aborted; "
+            "it is canceled when its handler returns"
+        )
+    else:
+        click.echo(f"job {job_id!r} canceled")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """The ``gnl`` console script."""
+    cli.main(args=list(argv) if argv is not None else None, prog_name="gnl")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+-- gnl schema 1 (Postgres): the queue and the step journal. Tables live in the connection's
+-- current schema (the first existing schema of search_path).
+-- Text that gnl compares or sorts (org, id, type) uses the "C" collation: byte order, the
+-- same order as SQLite's and MySQL's binary comparisons.
+
+CREATE TABLE gnl_jobs (
+    seq              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, -- enqueue order, never reused
+    org              text COLLATE "C" NOT NULL,                       -- '' = no organization
+    id               text COLLATE "C" NOT NULL,
+    type             text COLLATE "C" NOT NULL,
+    payload          json   NOT NULL,                                 -- JSON text, kept as written
+    state            text   NOT NULL,                                 -- pending running done dead canceled
+    attempts         bigint NOT NULL DEFAULT 0,                       -- counted at claim time
+    max_attempts     bigint NOT NULL DEFAULT 5,                       -- set by the claiming worker
+    last_error       text,
+    result           json,
+    created_at       bigint NOT NULL,                                 -- epoch ms, the server's clock
+    updated_at       bigint NOT NULL,
+    run_at           bigint NOT NULL,                                 -- due instant
+    finished_at      bigint,
+    lease_token      bigint NOT NULL DEFAULT 0,                       -- fencing token, +1 per claim
+    lease_expires_at bigint,
+    lease_owner      text,
+    cancel_requested boolean NOT NULL DEFAULT false,
+    CONSTRAINT gnl_jobs_org_id UNIQUE (org, id)
+);
+-- A lane's due jobs, oldest first.
+CREATE INDEX gnl_jobs_due ON gnl_jobs (org, run_at, seq) WHERE state = 'pending';
+-- Expired leases.
+CREATE INDEX gnl_jobs_lease ON gnl_jobs (lease_expires_at) WHERE state = 'running';
+-- Listings: a lane in enqueue order.
+CREATE INDEX gnl_jobs_lane_seq ON gnl_jobs (org, seq);
+
+-- One row per organization (the no-organization lane included).
+-- next_run_at is a lower bound of the lane's earliest pending run_at (NULL: nothing pending);
+-- served_at orders the lanes: the smallest has waited longest.
+CREATE TABLE gnl_lanes (
+    org         text COLLATE "C" PRIMARY KEY,
+    next_run_at bigint,
+    served_at   bigint NOT NULL DEFAULT 0
+);
+CREATE INDEX gnl_lanes_turn ON gnl_lanes (served_at, org) WHERE next_run_at IS NOT NULL;
+CREATE INDEX gnl_lanes_next ON gnl_lanes (next_run_at) WHERE next_run_at IS NOT NULL;
+
+-- Journaled steps: the first result recorded for (run_id, name) is kept.
+CREATE TABLE gnl_steps (
+    run_id     text COLLATE "C" NOT NULL,
+    name       text COLLATE "C" NOT NULL,
+    result     json   NOT NULL,
+    created_at bigint NOT NULL,
+    PRIMARY KEY (run_id, name)
+);
