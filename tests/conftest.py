@@ -1,15 +1,16 @@
 """Fixtures of the gnl conformance suite.
 
-* ``backend`` is parametrised over :data:`BACKENDS`; every test that asks for a store runs once
-  per backend. Add ``"postgres"`` / ``"mysql"`` to the list to run the suite on them.
+* ``backend`` is parametrised over :data:`BACKENDS` (SQLite, Postgres, MySQL); every test that
+  asks for a store runs once per backend. ``GNL_TEST_BACKENDS=sqlite`` runs fewer.
 * ``store_url`` is a factory: each call returns the URL of a new, empty store of the backend
   (SQLite: a file in ``tmp_path``; a server: a fresh database, dropped after the test).
 * ``storage`` is an open :class:`gnl.Storage` on a fresh store, opened inside the test's own
   event loop and closed after it.
 
 Database servers: the URL of a server the suite may create databases on comes from
-``GNL_TEST_POSTGRES_URL`` / ``GNL_TEST_MYSQL_URL``. When it is not set or the server cannot be
-reached, the test is skipped locally, and FAILS when ``CI=true`` (CI must not pass by skipping).
+``GNL_TEST_POSTGRES_URL`` / ``GNL_TEST_MYSQL_URL``, by default the local servers of this machine
+kind. When the server cannot be reached, the test is skipped locally, and FAILS when
+``CI=true`` (CI must not pass by skipping).
 
 Async tests: pytest-asyncio is not used. A coroutine test function runs in a fresh event loop
 (``asyncio.run``) by :func:`pytest_pyfunc_call` below; a fixture that must live in that loop
@@ -35,13 +36,18 @@ import pytest
 
 import gnl
 
-# The backends the conformance suite runs on. Extend to ["sqlite", "postgres", "mysql"].
-BACKENDS = ["sqlite"]
-# A run may pick others: GNL_TEST_BACKENDS=sqlite,postgres,mysql
+# The backends the conformance suite runs on.
+BACKENDS = ["sqlite", "postgres", "mysql"]
+# A run may pick fewer: GNL_TEST_BACKENDS=sqlite
 if os.environ.get("GNL_TEST_BACKENDS"):
     BACKENDS = [b.strip() for b in os.environ["GNL_TEST_BACKENDS"].split(",") if b.strip()]
 
 SERVER_URL_ENV = {"postgres": "GNL_TEST_POSTGRES_URL", "mysql": "GNL_TEST_MYSQL_URL"}
+# The servers this machine kind runs (scripts/services.sh starts them when they are down).
+SERVER_URL_DEFAULT = {
+    "postgres": "postgres://postgres@127.0.0.1:5432/test",
+    "mysql": "mysql://root@127.0.0.1:3306/test",
+}
 
 
 # --------------------------------------------------------------------------------------------
@@ -165,9 +171,7 @@ class _Mysql:
 def _server(backend: str) -> _Postgres | _Mysql | str:
     """The server of ``backend``, or why it is missing (checked once per session)."""
     env = SERVER_URL_ENV[backend]
-    url = os.environ.get(env)
-    if not url:
-        return f"{env} is not set: no {backend} server to test against"
+    url = os.environ.get(env) or SERVER_URL_DEFAULT[backend]
     server = _Postgres(url) if backend == "postgres" else _Mysql(url)
     problem = server.check()
     return problem if problem is not None else server

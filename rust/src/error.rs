@@ -83,6 +83,12 @@ impl Error {
         matches!(self, Error::StoreUnavailable { .. })
     }
 
+    /// True for a deadlock the server broke by aborting this transaction (Postgres 40P01,
+    /// MySQL 1213): the same transaction may simply be run again.
+    pub fn is_deadlock(&self) -> bool {
+        matches!(self, Error::StoreUnavailable { code: Some(c), .. } if c == "40P01" || c == "1213")
+    }
+
     pub fn invalid(msg: impl Into<String>) -> Self {
         Error::InvalidArgument(msg.into())
     }

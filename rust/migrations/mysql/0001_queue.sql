@@ -49,7 +49,8 @@ CREATE TABLE IF NOT EXISTS gnl_lanes (
     due_turn    BIGINT AS (IF(next_run_at IS NULL, NULL, served_at)) STORED,
     PRIMARY KEY (org),
     KEY gnl_lanes_turn (due_turn, org),
-    KEY gnl_lanes_next (next_run_at)
+    KEY gnl_lanes_next (next_run_at),
+    KEY gnl_lanes_served (served_at)                         -- the latest turn ticket
 ) ENGINE=InnoDB;
 
 -- Journaled steps: the first result recorded for (run_id, name) is kept.

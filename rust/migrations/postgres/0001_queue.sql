@@ -41,6 +41,8 @@ CREATE TABLE gnl_lanes (
 );
 CREATE INDEX gnl_lanes_turn ON gnl_lanes (served_at, org) WHERE next_run_at IS NOT NULL;
 CREATE INDEX gnl_lanes_next ON gnl_lanes (next_run_at) WHERE next_run_at IS NOT NULL;
+-- The latest turn ticket (a claim's tickets follow it).
+CREATE INDEX gnl_lanes_served ON gnl_lanes (served_at);
 
 -- Journaled steps: the first result recorded for (run_id, name) is kept.
 CREATE TABLE gnl_steps (

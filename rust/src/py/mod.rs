@@ -194,7 +194,7 @@ impl NativeStore {
         let rows = jobs::convert(py, jobs, single)?;
         let s = self.inner.clone();
         spawn(py, async move {
-            s.enqueue(&rows).await?;
+            store::enqueue(s.as_ref(), &rows).await?;
             Ok(rows.into_iter().map(|r| r.id).collect::<Vec<String>>())
         })
     }

@@ -61,6 +61,25 @@ pub trait Store: Send + Sync + 'static {
     async fn close(&self);
 }
 
+/// `Store::enqueue`, run again (up to 3 times) when the server aborted it to break a
+/// deadlock: two calls that insert overlapping ids in different orders can deadlock, and the
+/// rows (ids included) are fixed before the call, so running it again is idempotent.
+pub async fn enqueue(store: &dyn Store, jobs: &[NewJob]) -> Result<()> {
+    let mut tries = 0u64;
+    loop {
+        match store.enqueue(jobs).await {
+            Err(e) if e.is_deadlock() && tries < 3 => {
+                tries += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(
+                    5 * tries + rand::random::<u64>() % 10,
+                ))
+                .await;
+            }
+            r => return r,
+        }
+    }
+}
+
 /// Open a store by URL and check its schema: an empty store gets the current schema when
 /// `create`, an older one is refused with `SchemaOutdated`, a newer one with `SchemaTooNew`.
 pub async fn open(url: &str, max_connections: u32, create: bool) -> Result<Arc<dyn Store>> {

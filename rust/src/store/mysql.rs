@@ -50,6 +50,10 @@ const PARAM_OVERHEAD: usize = 12;
 /// Prepared statements kept per connection: the server caps them all (`max_prepared_stmt_count`,
 /// 16,382 by default) across every connection of every process.
 const STATEMENT_CACHE: usize = 32;
+/// How often a claim that carries outcomes looks for expired leases (as SQLite's engine).
+const RECLAIM_EVERY_MS: u64 = 250;
+/// The most jobs one claim takes.
+const MAX_CLAIM: usize = 10_000;
 /// Statements with more rows than this are prepared for one use only.
 const CACHED_ROWS: usize = 16;
 
@@ -244,6 +248,9 @@ pub struct MysqlStore {
     /// False once the server refused locking clauses inside UNION ALL (claims then read one
     /// lane per statement).
     union_locks: AtomicBool,
+    /// When this store last looked for expired leases (ms since `started`; 0: never).
+    last_reclaim: AtomicU64,
+    started: std::time::Instant,
 }
 
 impl MysqlStore {
@@ -302,6 +309,8 @@ impl MysqlStore {
             budget: max_packet / 2,
             max_packet,
             union_locks: AtomicBool::new(true),
+            last_reclaim: AtomicU64::new(0),
+            started: std::time::Instant::now(),
         })
     }
 
@@ -485,14 +494,15 @@ impl MysqlStore {
         Ok(())
     }
 
-    /// Lower the lanes of the jobs in `seqs` that are pending (one statement, lanes in org
-    /// order).
+    /// Lower the lanes of the jobs in `seqs` that are pending (lanes in org order). The jobs
+    /// are read with a plain SELECT: MySQL's INSERT … SELECT and UPDATE … (SELECT) lock the rows
+    /// they read, and a claimer must never wait on a row another transaction holds.
     async fn lanes_due(&self, tx: &mut MySqlConnection, seqs: &[i64]) -> Result<()> {
+        let mut lanes: BTreeMap<Vec<u8>, i64> = BTreeMap::new();
         for r in plan(seqs.len(), 1, self.budget, |_| 8) {
             let part = &seqs[r];
             let mut q = Sql::new(
-                "INSERT INTO gnl_lanes (org, next_run_at, served_at) \
-                 SELECT org, MIN(run_at), 0 FROM gnl_jobs FORCE INDEX (PRIMARY) \
+                "SELECT org, MIN(run_at) FROM gnl_jobs FORCE INDEX (PRIMARY) \
                  WHERE state = 'pending' AND seq IN (",
             );
             q.rows = part.len();
@@ -500,7 +510,29 @@ impl MysqlStore {
                 q.s(if i == 0 { "?" } else { ",?" });
                 q.bind(*s)?;
             }
-            q.s(") GROUP BY org ORDER BY org").s(LANE_LOWER);
+            q.s(") GROUP BY org");
+            self.counted(1);
+            for row in q.fetch_all(&mut *tx).await? {
+                let org: Vec<u8> = row.try_get_unchecked(0)?;
+                let run_at: i64 = row.get(1);
+                let e = lanes.entry(org).or_insert(run_at);
+                *e = (*e).min(run_at);
+            }
+        }
+        let lanes: Vec<(Vec<u8>, i64)> = lanes.into_iter().collect();
+        self.lower_lanes(tx, &lanes).await
+    }
+
+    /// Lower (or create) lanes' `next_run_at` bounds, in org order.
+    async fn lower_lanes(&self, tx: &mut MySqlConnection, lanes: &[(Vec<u8>, i64)]) -> Result<()> {
+        for r in plan(lanes.len(), 2, self.budget, |i| lanes[i].0.len() + 8) {
+            let mut q = Sql::new("INSERT INTO gnl_lanes (org, next_run_at, served_at) VALUES ");
+            q.rows = r.len();
+            for (k, i) in r.enumerate() {
+                q.s(if k == 0 { "(?,?,0)" } else { ",(?,?,0)" });
+                q.bind(lanes[i].0.as_slice())?.bind(lanes[i].1)?;
+            }
+            q.s(LANE_LOWER);
             self.counted(1);
             q.execute(&mut *tx).await?;
         }
@@ -587,10 +619,13 @@ impl Store for MysqlStore {
             return Ok(None);
         }
         self.counted(1);
-        let v: Option<i64> = sqlx::query_scalar("SELECT version FROM gnl_schema WHERE id = 1")
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(Some(v.unwrap_or(0)))
+        // No row yet: a first migration is finishing (MySQL DDL is not transactional), which
+        // is an empty store to the caller (`open` then migrates, and waits for that one).
+        Ok(
+            sqlx::query_scalar("SELECT version FROM gnl_schema WHERE id = 1")
+                .fetch_optional(&self.pool)
+                .await?,
+        )
     }
 
     async fn migrate(&self) -> Result<()> {
@@ -609,23 +644,37 @@ impl Store for MysqlStore {
             });
         }
         let r = async {
+            // gnl_schema appears only once migration 1 is complete (DDL is not transactional
+            // here): a concurrent `open` sees an empty store, not a half-built one.
             self.counted(1);
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS gnl_schema (id INT NOT NULL PRIMARY KEY, version BIGINT NOT NULL) ENGINE=InnoDB",
+            let has: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM information_schema.tables \
+                 WHERE table_schema = DATABASE() AND table_name = 'gnl_schema'",
             )
+            .fetch_one(&mut *conn)
             .await?;
-            self.counted(1);
-            let current: i64 =
-                sqlx::query_scalar("SELECT CAST(COALESCE(MAX(version), 0) AS SIGNED) FROM gnl_schema")
-                    .fetch_one(&mut *conn)
-                    .await?;
+            let current: i64 = if has == 0 {
+                0
+            } else {
+                self.counted(1);
+                sqlx::query_scalar(
+                    "SELECT CAST(COALESCE(MAX(version), 0) AS SIGNED) FROM gnl_schema",
+                )
+                .fetch_one(&mut *conn)
+                .await?
+            };
             for m in MIGRATOR
                 .iter()
                 .filter(|m| m.version > current && !m.migration_type.is_down_migration())
             {
                 self.counted(1);
                 conn.execute(&*m.sql).await?;
-                self.counted(1);
+                self.counted(2);
+                conn.execute(
+                    "CREATE TABLE IF NOT EXISTS gnl_schema \
+                     (id INT NOT NULL PRIMARY KEY, version BIGINT NOT NULL) ENGINE=InnoDB",
+                )
+                .await?;
                 sqlx::query(
                     "INSERT INTO gnl_schema (id, version) VALUES (1, ?) \
                      ON DUPLICATE KEY UPDATE version = VALUES(version)",
@@ -706,18 +755,11 @@ impl Store for MysqlStore {
             q.execute(&mut *tx).await?;
         }
         // Each organization's turn is taken once per call; lanes in org order.
-        let lanes: Vec<(&str, i64)> = lanes.into_iter().collect();
-        for r in plan(lanes.len(), 2, self.budget, |i| lanes[i].0.len() + 8) {
-            let mut q = Sql::new("INSERT INTO gnl_lanes (org, next_run_at, served_at) VALUES ");
-            q.rows = r.len();
-            for (k, i) in r.enumerate() {
-                q.s(if k == 0 { "(?,?,0)" } else { ",(?,?,0)" });
-                q.bind(lanes[i].0.as_bytes())?.bind(lanes[i].1)?;
-            }
-            q.s(LANE_LOWER);
-            self.counted(1);
-            q.execute(&mut *tx).await?;
-        }
+        let lanes: Vec<(Vec<u8>, i64)> = lanes
+            .into_iter()
+            .map(|(o, r)| (o.as_bytes().to_vec(), r))
+            .collect();
+        self.lower_lanes(&mut tx, &lanes).await?;
         // The depth check runs after the lanes above are written (and so locked): an enqueue
         // into the same organization waits for this transaction, and this read sees every one
         // that committed before it, so the check is exact.
@@ -760,7 +802,13 @@ impl Store for MysqlStore {
     }
 
     async fn claim(&self, finished: &[Outcome], req: &ClaimRequest) -> Result<Vec<ClaimedJob>> {
-        let mut reclaim = true;
+        // A claim that carries outcomes (no probe) looks for expired leases at most every
+        // RECLAIM_EVERY (a stale lease waits that much longer; a busy worker saves a statement
+        // per claim). The interval is measured on this process's monotonic clock; lease
+        // decisions themselves use the server's.
+        let since_start = (self.started.elapsed().as_millis() as u64).max(1);
+        let last = self.last_reclaim.load(Ordering::Relaxed);
+        let mut reclaim = last == 0 || since_start.saturating_sub(last) >= RECLAIM_EVERY_MS;
         if finished.is_empty() {
             // The empty poll: one read, whatever the number of lanes (both are index seeks).
             self.counted(1);
@@ -774,16 +822,20 @@ impl Store for MysqlStore {
         let mut back = vec![];
         self.write_outcomes(&mut tx, finished, &mut back).await?;
         if reclaim {
+            self.last_reclaim.store(since_start, Ordering::Relaxed);
             self.reclaim(&mut tx, &mut back).await?;
         }
         back.sort_unstable();
         back.dedup();
         self.lanes_due(&mut tx, &back).await?;
         let mut out = Vec::new();
-        if req.limit > 0 {
+        // At most MAX_CLAIM jobs a call: every statement below then stays under the
+        // placeholder limit (four per lane).
+        let limit = req.limit.min(MAX_CLAIM);
+        if limit > 0 {
             self.counted(1);
             let lanes: Vec<Vec<u8>> = sqlx::query_scalar(CLAIM_LANES)
-                .bind(req.limit as i64)
+                .bind(limit as i64)
                 .fetch_all(&mut *tx)
                 .await?;
             if !lanes.is_empty() {
@@ -792,7 +844,7 @@ impl Store for MysqlStore {
                 let shared: Vec<(Vec<u8>, i64)> = lanes
                     .into_iter()
                     .enumerate()
-                    .map(|(i, o)| (o, (req.limit / n + usize::from(i < req.limit % n)) as i64))
+                    .map(|(i, o)| (o, (limit / n + usize::from(i < limit % n)) as i64))
                     .collect();
                 let turn: BTreeMap<Vec<u8>, usize> = shared
                     .iter()
@@ -852,29 +904,66 @@ impl Store for MysqlStore {
                     self.counted(1);
                     q.execute(&mut *tx).await?;
                 }
-                // Each lane's turn ticket (when it was served) and its new lower bound, read
-                // after the claim (this statement sees every job committed before it).
-                let mut q = Sql::new("UPDATE (");
+                // Each lane's new lower bound, and the base of this claim's turn tickets: a
+                // plain (non-locking) read after the claim, which sees every job committed
+                // before it; a job committed later lowers its lane's bound itself, after this
+                // transaction (it waits for the lane row). Tickets strictly increase (claims
+                // within one millisecond do not tie) and stay near the store's clock (in
+                // 1/4096 ms), so a new lane's ticket 0 sorts first.
+                let mut q = Sql::new(concat!(
+                    "SELECT x.org, (SELECT j.run_at FROM gnl_jobs j FORCE INDEX (gnl_jobs_due) \
+                     WHERE j.org = x.org AND j.state = 'pending' ORDER BY j.run_at LIMIT 1), \
+                     CAST(GREATEST(",
+                    now_ms!(),
+                    " * 4096, COALESCE((SELECT MAX(served_at) FROM gnl_lanes), 0) + 1) AS SIGNED) \
+                     FROM ("
+                ));
                 q.rows = n;
                 for (i, (org, _)) in shared.iter().enumerate() {
                     q.s(if i == 0 {
-                        "SELECT CAST(? AS BINARY) AS org, CAST(? AS SIGNED) AS i, \
-                         CAST(? AS SIGNED) AS served"
+                        "SELECT CAST(? AS BINARY) AS org"
+                    } else {
+                        " UNION ALL SELECT CAST(? AS BINARY)"
+                    });
+                    q.bind(org.as_slice())?;
+                }
+                q.s(") x");
+                self.counted(1);
+                let mut base = 0i64;
+                let next: BTreeMap<Vec<u8>, Option<i64>> = q
+                    .fetch_all(&mut *tx)
+                    .await?
+                    .iter()
+                    .map(|r| {
+                        base = r.get(2);
+                        let org: Vec<u8> = r.try_get_unchecked(0).unwrap_or_default();
+                        (org, r.get::<Option<i64>, _>(1))
+                    })
+                    .collect();
+                // Then the served lanes' tickets, in the order they were served, and every
+                // looked-at lane's bound.
+                let mut q = Sql::new("UPDATE (");
+                q.rows = n;
+                let mut rank = 0i64;
+                for (i, (org, _)) in shared.iter().enumerate() {
+                    q.s(if i == 0 {
+                        "SELECT CAST(? AS BINARY) AS org, CAST(? AS SIGNED) AS ticket, \
+                         CAST(? AS SIGNED) AS next_run_at"
                     } else {
                         " UNION ALL SELECT CAST(? AS BINARY), CAST(? AS SIGNED), CAST(? AS SIGNED)"
                     });
+                    let ticket = served[i].then(|| {
+                        rank += 1;
+                        base + rank - 1
+                    });
                     q.bind(org.as_slice())?
-                        .bind(i as i64)?
-                        .bind(i64::from(served[i]))?;
+                        .bind(ticket)?
+                        .bind(next.get(org).copied().flatten())?;
                 }
-                q.s(concat!(
+                q.s(
                     ") x STRAIGHT_JOIN gnl_lanes l FORCE INDEX (PRIMARY) ON l.org = x.org SET \
-                     l.served_at = IF(x.served <> 0, ",
-                    now_ms!(),
-                    " * 4096 + x.i, l.served_at), \
-                     l.next_run_at = (SELECT j.run_at FROM gnl_jobs j FORCE INDEX (gnl_jobs_due) \
-                       WHERE j.org = x.org AND j.state = 'pending' ORDER BY j.run_at LIMIT 1)"
-                ));
+                     l.served_at = COALESCE(x.ticket, l.served_at), l.next_run_at = x.next_run_at",
+                );
                 self.counted(1);
                 q.execute(&mut *tx).await?;
                 out = picked.into_iter().map(|(_, j)| j).collect();
@@ -1226,6 +1315,7 @@ mod tests {
 
     engine_tests!(
         lanes_are_served_in_turn,
+        lanes_alternate_however_fast_the_claims,
         a_batch_takes_lanes_in_turn_and_each_lane_in_order,
         an_empty_poll_is_one_query_whatever_the_lanes,
         a_stale_holder_cannot_write_after_a_reclaim,
@@ -1243,6 +1333,64 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn concurrent_claimers_never_take_the_same_job() {
         with_store(suite::concurrent_claimers_never_take_the_same_job).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn max_depth_is_exact_under_concurrent_enqueues() {
+        with_store(suite::max_depth_is_exact_under_concurrent_enqueues).await;
+    }
+
+    /// A claim never waits for another transaction: not for an enqueue still open in the lane
+    /// it serves, nor for a lane or an expired job row another transaction holds.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_claim_never_waits_on_open_transactions() {
+        with_store(|s, url| async move {
+            // "expired": claimed with a 1 ms lease, then held by an open transaction.
+            s.enqueue(&[suite::job("x", "expired")]).await.unwrap();
+            let got = s.claim(&[], &suite::req(1, 1)).await.unwrap();
+            assert_eq!(got[0].id, "expired");
+            let expired = got[0].seq;
+            let jobs: Vec<_> = (0..3).map(|i| suite::job("o", &format!("{i}"))).collect();
+            s.enqueue(&jobs).await.unwrap();
+            s.enqueue(&[suite::job("busy", "b")]).await.unwrap();
+            let pool = MySqlPoolOptions::new()
+                .max_connections(1)
+                .connect(&url)
+                .await
+                .unwrap();
+            let mut tx = pool.begin().await.unwrap();
+            tx.execute(
+                "INSERT INTO gnl_jobs (org, id, type, payload, run_at, state, created_at, updated_at) \
+                 VALUES ('o', 'open', 't', '{}', 0, 'pending', 0, 0)",
+            )
+            .await
+            .unwrap();
+            tx.execute("SELECT org FROM gnl_lanes WHERE org = 'busy' FOR UPDATE")
+                .await
+                .unwrap();
+            sqlx::query("SELECT seq FROM gnl_jobs WHERE seq = ? FOR UPDATE")
+                .bind(expired)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            let ten = suite::req(10, 60_000);
+            let claim = s.claim(&[], &ten);
+            let got = tokio::time::timeout(std::time::Duration::from_secs(5), claim)
+                .await
+                .expect("the claim waited on another transaction")
+                .unwrap();
+            let mut ids: Vec<&str> = got.iter().map(|j| j.id.as_str()).collect();
+            ids.sort();
+            assert_eq!(ids, vec!["0", "1", "2"]);
+            tx.commit().await.unwrap();
+            pool.close().await;
+            // The job committed meanwhile is claimable now (its lane bound was lowered).
+            let got = s.claim(&[], &suite::req(10, 60_000)).await.unwrap();
+            let ids: Vec<&str> = got.iter().map(|j| j.id.as_str()).collect();
+            assert!(ids.contains(&"b"), "{ids:?}");
+        })
+        .await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

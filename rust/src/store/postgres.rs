@@ -131,7 +131,10 @@ const CLAIM_LANES: &str = concat!(
 );
 
 /// Each locked lane's oldest due jobs ($1 lanes in turn order, $2 their shares), marked
-/// running with a new fencing token; then each lane's turn ticket and `next_run_at`. It runs
+/// running with a new fencing token; then the served lanes' turn tickets (in the order they
+/// were served; tickets strictly increase, so claims within one millisecond do not tie, and
+/// stay near the store's clock in 1/4096 ms, so a new lane's ticket 0 sorts first) and the
+/// `next_run_at` of every lane the claim looked at. It runs
 /// after CLAIM_LANES (its own statement, so its snapshot sees every job committed before the
 /// lanes were locked: a job enqueued later lowers the lane's bound after this commit).
 const CLAIM_JOBS: &str = concat!(
@@ -162,9 +165,11 @@ const CLAIM_JOBS: &str = concat!(
      s AS (
        UPDATE gnl_lanes x SET
          served_at = CASE WHEN EXISTS (SELECT 1 FROM p WHERE p.org = x.org)
-                          THEN ",
+                          THEN (SELECT greatest(",
     now_ms!(),
-    " * 4096 + l.i ELSE x.served_at END,
+    " * 4096, coalesce(max(m.served_at), 0) + 1) FROM gnl_lanes m)
+                               + (SELECT count(DISTINCT p2.org) FROM p p2 WHERE p2.i < l.i)
+                          ELSE x.served_at END,
          next_run_at = (SELECT g.run_at FROM gnl_jobs g
                         WHERE g.org = x.org AND g.state = 'pending'
                           AND g.seq <> ALL (ARRAY(SELECT p.seq FROM p))
@@ -228,7 +233,8 @@ const ENQUEUE_LANES: &str = concat!(
 /// The pending depth of each organization in $1. It runs after the enqueue wrote (and so
 /// locked) the organizations' lane rows: an enqueue into the same organization waits for this
 /// transaction, and this statement sees every one that committed before, so the check is exact.
-const DEPTHS: &str = "SELECT d.o, (SELECT count(*) FROM gnl_jobs g WHERE g.org = d.o AND g.state = 'pending')
+const DEPTHS: &str =
+    "SELECT d.o, (SELECT count(*) FROM gnl_jobs g WHERE g.org = d.o AND g.state = 'pending')
      FROM unnest($1::text[]) AS d(o)";
 
 const RENEW: &str = concat!(
@@ -935,6 +941,20 @@ pub(crate) mod suite {
         assert_eq!(ids, vec!["b1", "b2", "b3"]);
     }
 
+    /// Turn tickets strictly increase: claims that fall in one millisecond still alternate.
+    pub async fn lanes_alternate_however_fast_the_claims(s: Arc<dyn Store>) {
+        let jobs: Vec<NewJob> = (0..16)
+            .map(|i| job(["a", "b"][i % 2], &format!("j{i}")))
+            .collect();
+        s.enqueue(&jobs).await.unwrap();
+        let mut orgs = String::new();
+        for _ in 0..8 {
+            let got = s.claim(&[], &req(1, 60_000)).await.unwrap();
+            orgs.push_str(&got[0].org);
+        }
+        assert_eq!(orgs, "abababab");
+    }
+
     pub async fn a_batch_takes_lanes_in_turn_and_each_lane_in_order(s: Arc<dyn Store>) {
         let jobs: Vec<NewJob> = (0..6)
             .map(|i| job(["a", "b"][i % 2], &format!("j{i}")))
@@ -1384,6 +1404,57 @@ pub(crate) mod suite {
         assert!((now - local).abs() < 5_000, "{now} vs {local}");
     }
 
+    /// Eight enqueues at once into one organization with `max_depth` 5: exactly five pass.
+    pub async fn max_depth_is_exact_under_concurrent_enqueues(s: Arc<dyn Store>, url: String) {
+        let mut tasks = vec![];
+        for i in 0..8 {
+            let url = url.clone();
+            tasks.push(tokio::spawn(async move {
+                let store = open(&url, 1, false).await.unwrap();
+                let mut j = job("deep", &format!("{i}"));
+                j.max_depth = Some(5);
+                let mut r = store.enqueue(&[j.clone()]).await;
+                // A deadlock (MySQL, first rows of a new lane) is transient: the caller retries.
+                for _ in 0..5 {
+                    match &r {
+                        Err(e) if e.is_transient() => {
+                            eprintln!("transient: {e}");
+                            r = store.enqueue(&[j.clone()]).await
+                        }
+                        _ => break,
+                    }
+                }
+                store.close().await;
+                r
+            }));
+        }
+        let mut ok = 0;
+        let mut full = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(()) => ok += 1,
+                Err(Error::QueueFull { max_depth: 5, .. }) => full += 1,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!((ok, full), (5, 3));
+        let snap = s.max_seq().await.unwrap();
+        let rows = s
+            .list_jobs(&ListQuery {
+                scope: ListScope::Lane {
+                    org: "deep".into(),
+                    state: None,
+                    typ: None,
+                },
+                snapshot: snap,
+                after: None,
+                limit: 100,
+            })
+            .await
+            .unwrap();
+        assert_eq!(rows.len(), 5);
+    }
+
     /// Four workers, each with its own pool, drain 2,000 jobs at once: every job is claimed
     /// exactly once.
     pub async fn concurrent_claimers_never_take_the_same_job(s: Arc<dyn Store>, url: String) {
@@ -1533,6 +1604,7 @@ mod tests {
 
     engine_tests!(
         lanes_are_served_in_turn,
+        lanes_alternate_however_fast_the_claims,
         a_batch_takes_lanes_in_turn_and_each_lane_in_order,
         an_empty_poll_is_one_query_whatever_the_lanes,
         a_stale_holder_cannot_write_after_a_reclaim,
@@ -1550,6 +1622,11 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn concurrent_claimers_never_take_the_same_job() {
         with_store(suite::concurrent_claimers_never_take_the_same_job).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn max_depth_is_exact_under_concurrent_enqueues() {
+        with_store(suite::max_depth_is_exact_under_concurrent_enqueues).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1575,6 +1652,56 @@ mod tests {
             let plan = plan.join("\n");
             assert!(!plan.contains("Seq Scan"), "{plan}");
             pool.close().await;
+        })
+        .await;
+    }
+
+    /// A claim never waits for another transaction: not for an enqueue still open in the lane
+    /// it serves, nor for a lane or an expired job row another transaction holds.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_claim_never_waits_on_open_transactions() {
+        with_store(|s, url| async move {
+            s.enqueue(&[suite::job("x", "expired")]).await.unwrap();
+            let got = s.claim(&[], &suite::req(1, 1)).await.unwrap();
+            assert_eq!(got[0].id, "expired");
+            let expired = got[0].seq;
+            let jobs: Vec<_> = (0..3).map(|i| suite::job("o", &format!("{i}"))).collect();
+            s.enqueue(&jobs).await.unwrap();
+            s.enqueue(&[suite::job("busy", "b")]).await.unwrap();
+            let pool = PgPoolOptions::new()
+                .max_connections(1)
+                .connect(&url)
+                .await
+                .unwrap();
+            let mut tx = pool.begin().await.unwrap();
+            tx.execute(
+                "INSERT INTO gnl_jobs (org, id, type, payload, run_at, state, created_at, updated_at) \
+                 VALUES ('o', 'open', 't', '{}', 0, 'pending', 0, 0)",
+            )
+            .await
+            .unwrap();
+            tx.execute("SELECT org FROM gnl_lanes WHERE org = 'busy' FOR UPDATE")
+                .await
+                .unwrap();
+            sqlx::query("SELECT seq FROM gnl_jobs WHERE seq = $1 FOR UPDATE")
+                .bind(expired)
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            let ten = suite::req(10, 60_000);
+            let got = tokio::time::timeout(std::time::Duration::from_secs(5), s.claim(&[], &ten))
+                .await
+                .expect("the claim waited on another transaction")
+                .unwrap();
+            let mut ids: Vec<&str> = got.iter().map(|j| j.id.as_str()).collect();
+            ids.sort();
+            assert_eq!(ids, vec!["0", "1", "2"]);
+            tx.commit().await.unwrap();
+            pool.close().await;
+            let got = s.claim(&[], &suite::req(10, 60_000)).await.unwrap();
+            let ids: Vec<&str> = got.iter().map(|j| j.id.as_str()).collect();
+            assert!(ids.contains(&"b"), "{ids:?}");
         })
         .await;
     }
@@ -1672,6 +1799,7 @@ mod tests {
 
         sqlite_tests!(
             lanes_are_served_in_turn,
+            lanes_alternate_however_fast_the_claims,
             a_batch_takes_lanes_in_turn_and_each_lane_in_order,
             an_empty_poll_is_one_query_whatever_the_lanes,
             a_stale_holder_cannot_write_after_a_reclaim,
@@ -1689,6 +1817,14 @@ mod tests {
             let (_d, u) = url();
             let s = open(&u, 4, true).await.unwrap();
             suite::concurrent_claimers_never_take_the_same_job(s.clone(), u).await;
+            s.close().await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn max_depth_is_exact_under_concurrent_enqueues() {
+            let (_d, u) = url();
+            let s = open(&u, 4, true).await.unwrap();
+            suite::max_depth_is_exact_under_concurrent_enqueues(s.clone(), u).await;
             s.close().await;
         }
     }

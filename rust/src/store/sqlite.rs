@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -27,10 +27,15 @@ pub static MIGRATOR: Migrator = sqlx::migrate!("rust/migrations/sqlite");
 /// unavailable (and the caller retries with backoff).
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How often a claim that carries outcomes also looks for expired leases, in ms.
+const RECLAIM_EVERY_MS: i64 = 250;
+
 pub struct SqliteStore {
     pool: SqlitePool,
     write: tokio::sync::Mutex<()>,
     queries: AtomicU64,
+    /// When expired leases were last looked for (process clock, ms).
+    last_reclaim: AtomicI64,
     /// Bind parameters per statement (`sqlite3_limit(SQLITE_LIMIT_VARIABLE_NUMBER)`).
     var_limit: usize,
 }
@@ -126,6 +131,8 @@ impl SqliteStore {
                 Some(Duration::from_secs(3600))
             })
             .acquire_timeout(BUSY_TIMEOUT)
+            // A pooled connection to a local file needs no ping before each use.
+            .test_before_acquire(false)
             .after_connect(move |conn, _| {
                 Box::pin(async move {
                     // Check the pragmas on every new connection: a file store must be in WAL.
@@ -166,6 +173,7 @@ impl SqliteStore {
             pool,
             write: tokio::sync::Mutex::new(()),
             queries: AtomicU64::new(0),
+            last_reclaim: AtomicI64::new(0),
             var_limit,
         })
     }
@@ -278,6 +286,47 @@ impl SqliteStore {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// After a claim: give the lanes that were served new turn tickets, in the order they were
+    /// served, and recompute the next-due bound of every lane the claim looked at; one
+    /// statement. Tickets strictly increase (claims within one millisecond must not tie) and
+    /// stay near the store's clock (in 1/4096 ms), so a new lane's ticket 0 sorts first.
+    async fn lanes_served(
+        &self,
+        tx: &mut Tx<'static>,
+        looked: &[String],
+        served: &[&str],
+        now: i64,
+    ) -> Result<()> {
+        let mut sql = String::from(
+            "WITH b(v) AS MATERIALIZED (SELECT max(?, coalesce(max(served_at), 0) + 1) FROM gnl_lanes) \
+             UPDATE gnl_lanes SET served_at = CASE org",
+        );
+        let mut args = SqliteArguments::default();
+        args.add(now * 4096)
+            .map_err(|e| Error::invalid(e.to_string()))?;
+        for (i, org) in served.iter().enumerate() {
+            sql.push_str(&format!(" WHEN ? THEN (SELECT v FROM b) + {i}"));
+            args.add(*org).map_err(|e| Error::invalid(e.to_string()))?;
+        }
+        sql.push_str(
+            " ELSE served_at END, next_run_at = \
+             (SELECT min(j.run_at) FROM gnl_jobs j WHERE j.org = gnl_lanes.org AND j.state = 'pending') \
+             WHERE org IN (",
+        );
+        for (i, org) in looked.iter().enumerate() {
+            sql.push_str(if i == 0 { "?" } else { ",?" });
+            args.add(org.as_str())
+                .map_err(|e| Error::invalid(e.to_string()))?;
+        }
+        sql.push(')');
+        self.counted(1);
+        sqlx::query_with(&sql, args)
+            .persistent(looked.len() <= 4)
+            .execute(&mut **tx)
+            .await?;
         Ok(())
     }
 
@@ -451,7 +500,7 @@ impl Store for SqliteStore {
 
     async fn claim(&self, finished: &[Outcome], req: &ClaimRequest) -> Result<Vec<ClaimedJob>> {
         let now = clock_ms();
-        let mut expired = true;
+        let mut expired = false;
         if finished.is_empty() {
             // The empty poll: one read, whatever the number of lanes (both are index seeks).
             self.counted(1);
@@ -471,7 +520,11 @@ impl Store for SqliteStore {
         let mut tx = self.begin_write().await?;
         let now = clock_ms();
         self.write_outcomes(&mut tx, finished, now).await?;
-        if expired {
+        // Without the probe (a claim that carries outcomes), look for expired leases at most
+        // every RECLAIM_EVERY_MS: a stale lease waits that much longer, a busy worker saves a
+        // statement per claim.
+        if expired || now - self.last_reclaim.load(Ordering::Relaxed) >= RECLAIM_EVERY_MS {
+            self.last_reclaim.store(now, Ordering::Relaxed);
             self.reclaim(&mut tx, now).await?;
         }
         let mut out = Vec::new();
@@ -486,6 +539,7 @@ impl Store for SqliteStore {
             .await?;
             let n = lanes.len().max(1);
             let expires = now + req.ttl_ms;
+            let mut served: Vec<&str> = Vec::with_capacity(lanes.len());
             for (i, org) in lanes.iter().enumerate() {
                 // Lanes in turn: each gets an equal share of the batch, the first ones the rest.
                 let share = req.limit / n + usize::from(i < req.limit % n);
@@ -505,7 +559,9 @@ impl Store for SqliteStore {
                 .bind(share as i64)
                 .fetch_all(&mut *tx)
                 .await?;
-                let served = !rows.is_empty();
+                if !rows.is_empty() {
+                    served.push(org.as_str());
+                }
                 let mut got: Vec<ClaimedJob> = rows
                     .iter()
                     .map(|r| ClaimedJob {
@@ -521,20 +577,9 @@ impl Store for SqliteStore {
                     .collect();
                 got.sort_by_key(|j| (j.run_at, j.seq));
                 out.extend(got);
-                self.counted(1);
-                sqlx::query(
-                    "UPDATE gnl_lanes SET served_at = CASE WHEN ?3 THEN \
-                         max(?2, (SELECT coalesce(max(served_at), 0) FROM gnl_lanes) + 1) ELSE served_at END, \
-                       next_run_at = (SELECT min(run_at) FROM gnl_jobs WHERE org = ?1 AND state = 'pending') \
-                     WHERE org = ?1",
-                )
-                .bind(org)
-                // The turn ticket: strictly increasing (claims of one millisecond must not tie),
-                // and near the store's clock (in 1/4096 ms) so a new lane's 0 sorts first.
-                .bind(now * 4096)
-                .bind(served)
-                .execute(&mut *tx)
-                .await?;
+            }
+            if !lanes.is_empty() {
+                self.lanes_served(&mut tx, &lanes, &served, now).await?;
             }
         }
         self.commit(tx).await?;
