@@ -1,6 +1,7 @@
 # Two commands do all set-up on a fresh machine (README.md):
 #   make demo   - build gnl into .venv and run `gnl demo` (SQLite)
-#   make test   - build, start the databases, run every test (cargo test + pytest)
+#   make test   - build, start the databases, lint, run every test (cargo test + pytest on
+#                 SQLite, Postgres and MySQL)
 # .ci/run calls `make test`.
 
 PYTHON ?= python3
@@ -28,7 +29,7 @@ demo: build
 services:
 	./scripts/services.sh
 
-test: build services
+test: build services lint
 	cargo test --quiet
 	$(PY) -m pytest -q
 

@@ -10,6 +10,9 @@ connection with the pragmas gnl's SQLite engine sets (``rust/src/store/sqlite.rs
 * ``busy_timeout=30000`` (gnl's ``BUSY_TIMEOUT``, 30 s),
 * ``foreign_keys=OFF`` (gnl turns off sqlx's default ``ON``; it is SQLite's default anyway).
 
+gnl also installs its own busy handler (retries every ~0.5 ms for up to 30 s). That cannot
+matter here: the anchor uses a single connection and never waits for a lock.
+
 Everything else is SQLite's default on both sides (page size 4096, ``cache_size=-2000``). The
 anchor keeps no lanes table: it has no fair lanes.
 """
@@ -126,8 +129,8 @@ class Workdir:
 
 
 def collect() -> None:
-    """Drop what a run left behind before the next one (and before the interpreter exits:
-    gnl objects caught in reference cycles must not be freed during finalization)."""
+    """Drop what a run left behind (gnl objects caught in reference cycles included) before
+    the next run, and before the interpreter exits."""
     gc.collect()
 
 

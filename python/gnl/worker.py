@@ -252,6 +252,7 @@ class Worker:
             raise GnlError("drain() cannot run while the worker is started; stop() it first")
         native = self._ensure_native()
         before = list(self._counts)
+        busy_wait = 0.005
         try:
             while True:
                 free = self.concurrency - len(self._tasks)
@@ -259,10 +260,17 @@ class Worker:
                 for job in jobs:
                     self._spawn(job)
                 if jobs:
+                    busy_wait = 0.005
                     await asyncio.sleep(0)
                     continue
                 if not self._tasks:
-                    break
+                    # An empty claim while some lane is due met lanes that concurrent claims
+                    # (other workers, Postgres/MySQL SKIP LOCKED) held: try again shortly.
+                    if not await native.has_due():
+                        break
+                    await asyncio.sleep(busy_wait)
+                    busy_wait = min(busy_wait * 2, 0.2)
+                    continue
                 self._slot.clear()
                 await self._slot.wait()
             await native.flush()

@@ -110,6 +110,11 @@ impl WorkerCore {
         claim(self.shared.clone(), n)
     }
 
+    /// The store this worker claims from.
+    pub fn store(&self) -> Arc<dyn Store> {
+        self.shared.store.clone()
+    }
+
     /// The number of leases held.
     pub fn held(&self) -> usize {
         self.shared.held.lock().unwrap().len()

@@ -486,6 +486,12 @@ impl NativeWorker {
         Ok(())
     }
 
+    /// Whether some job may be due (see `Store::has_due`).
+    fn has_due<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let store = self.core()?.store();
+        spawn(py, async move { store.has_due().await })
+    }
+
     fn flush<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let fut = self.core()?.shared_flush();
         spawn(py, fut)

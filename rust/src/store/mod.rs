@@ -44,6 +44,10 @@ pub trait Store: Send + Sync + 'static {
     /// Extend leases by `ttl_ms`; one status per lease, in order.
     async fn renew(&self, leases: &[LeaseRef], ttl_ms: i64) -> Result<Vec<RenewStatus>>;
 
+    /// Whether some lane may have a due job (its next-due bound has passed). A claim that came
+    /// back empty while this is true met lanes that concurrent claims held.
+    async fn has_due(&self) -> Result<bool>;
+
     async fn get_job(&self, org: &str, id: &str) -> Result<Option<JobRow>>;
     /// The highest job seq (0 when empty): a listing's snapshot.
     async fn max_seq(&self) -> Result<i64>;

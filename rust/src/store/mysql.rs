@@ -41,8 +41,10 @@ macro_rules! now_ms {
     };
 }
 
-/// How long a call waits for a pooled connection before the store counts as unavailable.
-const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a call waits for a pooled connection (sqlx retries a refused connection inside
+/// this) before the store counts as unavailable: an outage is reported, and logged by the
+/// loops that carry on through it, within this time.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Placeholders per prepared statement (the protocol's limit is 65,535).
 const MAX_PARAMS: usize = 65_000;
 /// Bytes a placeholder costs in a COM_STMT_EXECUTE packet besides its value (type, length).
@@ -1058,6 +1060,12 @@ impl Store for MysqlStore {
         .fetch_optional(&self.pool)
         .await?;
         Ok(row.as_ref().map(job_row))
+    }
+
+    async fn has_due(&self) -> Result<bool> {
+        self.counted(1);
+        let due: i64 = sqlx::query_scalar(concat!("SELECT CAST(COALESCE((SELECT MIN(next_run_at) FROM gnl_lanes WHERE next_run_at IS NOT NULL) <= ", now_ms!(), ", 0) AS SIGNED)")).fetch_one(&self.pool).await?;
+        Ok(due != 0)
     }
 
     async fn max_seq(&self) -> Result<i64> {

@@ -36,8 +36,10 @@ macro_rules! now_ms {
 
 /// The oldest server this engine runs on (`server_version_num`).
 const MIN_SERVER_VERSION: i64 = 120_000;
-/// How long a call waits for a pooled connection before the store counts as unavailable.
-const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a call waits for a pooled connection (sqlx retries a refused connection inside
+/// this) before the store counts as unavailable: an outage is reported, and logged by the
+/// loops that carry on through it, within this time.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
 /// One `INSERT … SELECT FROM unnest(…)` carries at most this many jobs / bytes of job text.
 const CHUNK_ROWS: usize = 50_000;
 const CHUNK_BYTES: usize = 64 << 20;
@@ -773,6 +775,11 @@ impl Store for PostgresStore {
         .fetch_optional(&self.pool)
         .await?;
         Ok(row.as_ref().map(job_row))
+    }
+
+    async fn has_due(&self) -> Result<bool> {
+        self.counted(1);
+        Ok(sqlx::query_scalar(concat!("SELECT coalesce((SELECT min(next_run_at) FROM gnl_lanes WHERE next_run_at IS NOT NULL) <= ", now_ms!(), ", false)")).fetch_one(&self.pool).await?)
     }
 
     async fn max_seq(&self) -> Result<i64> {

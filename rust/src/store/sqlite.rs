@@ -302,17 +302,23 @@ impl SqliteStore {
     ) -> Result<()> {
         let mut sql = String::from(
             "WITH b(v) AS MATERIALIZED (SELECT max(?, coalesce(max(served_at), 0) + 1) FROM gnl_lanes) \
-             UPDATE gnl_lanes SET served_at = CASE org",
+             UPDATE gnl_lanes SET served_at = ",
         );
         let mut args = SqliteArguments::default();
         args.add(now * 4096)
             .map_err(|e| Error::invalid(e.to_string()))?;
-        for (i, org) in served.iter().enumerate() {
-            sql.push_str(&format!(" WHEN ? THEN (SELECT v FROM b) + {i}"));
-            args.add(*org).map_err(|e| Error::invalid(e.to_string()))?;
+        if served.is_empty() {
+            sql.push_str("served_at");
+        } else {
+            sql.push_str("CASE org");
+            for (i, org) in served.iter().enumerate() {
+                sql.push_str(&format!(" WHEN ? THEN (SELECT v FROM b) + {i}"));
+                args.add(*org).map_err(|e| Error::invalid(e.to_string()))?;
+            }
+            sql.push_str(" ELSE served_at END");
         }
         sql.push_str(
-            " ELSE served_at END, next_run_at = \
+            ", next_run_at = \
              (SELECT min(j.run_at) FROM gnl_jobs j WHERE j.org = gnl_lanes.org AND j.state = 'pending') \
              WHERE org IN (",
         );
@@ -657,6 +663,16 @@ impl Store for SqliteStore {
         .fetch_optional(&self.pool)
         .await?;
         Ok(row.as_ref().map(job_row))
+    }
+
+    async fn has_due(&self) -> Result<bool> {
+        self.counted(1);
+        let next: Option<i64> = sqlx::query_scalar(
+            "SELECT min(next_run_at) FROM gnl_lanes WHERE next_run_at IS NOT NULL",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(next.is_some_and(|t| t <= clock_ms()))
     }
 
     async fn max_seq(&self) -> Result<i64> {
