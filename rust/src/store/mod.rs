@@ -87,6 +87,33 @@ pub async fn enqueue(store: &dyn Store, jobs: &[NewJob]) -> Result<()> {
 /// Open a store by URL and check its schema: an empty store gets the current schema when
 /// `create`, an older one is refused with `SchemaOutdated`, a newer one with `SchemaTooNew`.
 pub async fn open(url: &str, max_connections: u32, create: bool) -> Result<Arc<dyn Store>> {
+    with_busy_retry(|| open_once(url, max_connections, create)).await
+}
+
+/// Run `f` again while it fails because a SQLite file is locked in a way that SQLite reports
+/// at once instead of through its busy handler (a fresh file switching to WAL, WAL recovery
+/// by another process): up to ~10 s, the way the busy handler would have waited.
+async fn with_busy_retry<T, F, Fut>(f: F) -> Result<T>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let mut waited_ms = 0u64;
+    loop {
+        match f().await {
+            Err(Error::StoreUnavailable { code: Some(c), .. })
+                if (c == "5" || c == "6" || c == "261" || c == "517") && waited_ms < 10_000 =>
+            {
+                let pause = 20 + rand::random::<u64>() % 30;
+                tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+                waited_ms += pause;
+            }
+            r => return r,
+        }
+    }
+}
+
+async fn open_once(url: &str, max_connections: u32, create: bool) -> Result<Arc<dyn Store>> {
     let store = connect(url, max_connections, create).await?;
     let latest = latest_version(store.backend());
     match store.schema_version().await? {
@@ -118,6 +145,10 @@ pub async fn open(url: &str, max_connections: u32, create: bool) -> Result<Arc<d
 
 /// Bring a store to the current schema (`gnl upgrade`).
 pub async fn upgrade(url: &str) -> Result<i64> {
+    with_busy_retry(|| upgrade_once(url)).await
+}
+
+async fn upgrade_once(url: &str) -> Result<i64> {
     let store = connect(url, 2, true).await?;
     let latest = latest_version(store.backend());
     if let Some(v) = store.schema_version().await? {
