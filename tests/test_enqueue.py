@@ -422,3 +422,28 @@ async def test_enqueue_is_quick(storage: gnl.Storage) -> None:
     for i in range(200):
         await gnl.enqueue(storage, "t", i)
     assert time.perf_counter() - t0 < 10
+
+
+class _LyingInt(int):
+    def __str__(self) -> str:
+        return "not a number"
+
+
+async def test_an_int_subclass_is_written_as_its_value(storage: gnl.Storage) -> None:
+    big = _LyingInt(2**70)
+    job_id = await gnl.enqueue(storage.work, "t", {"n": big, "m": _LyingInt(7)})
+    job = await gnl.get_job(storage.work, job_id)
+    assert job is not None and job.payload == {"n": 2**70, "m": 7}
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"delay_ms": 2**63 - 1}, {"run_at": 2**63 - 1}, {"run_at": 253_402_300_800_000}],
+    ids=repr,
+)
+async def test_instants_beyond_year_9999_are_refused(
+    storage: gnl.Storage, options: dict[str, Any]
+) -> None:
+    with pytest.raises(gnl.InvalidArgumentError):
+        await gnl.enqueue(storage.work, "t", {}, **options)
+    assert await job_count(storage) == 0

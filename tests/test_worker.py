@@ -849,3 +849,32 @@ async def test_a_job_enqueued_while_the_worker_waits_is_picked_up(storage: gnl.S
         await asyncio.sleep(0.3)
         await gnl.enqueue(storage, "t", None)
         await asyncio.wait_for(seen.wait(), 5)
+
+
+async def test_out_of_range_durations_are_refused_up_front(storage: gnl.Storage) -> None:
+    with pytest.raises(gnl.InvalidArgumentError, match="retry_delay_ms"):
+        gnl.create_worker(storage, {"t": noop}, retry_delay_ms=2**63)
+    with pytest.raises(gnl.InvalidArgumentError, match="concurrency"):
+        gnl.create_worker(storage, {"t": noop}, concurrency=2**64)
+
+
+def test_a_worker_drains_again_on_a_new_event_loop(store_url: Any) -> None:
+    url = store_url()
+    held: dict[str, Any] = {}
+
+    async def first() -> int:
+        storage = await gnl.connect(url)
+        held["storage"] = storage
+        held["worker"] = gnl.create_worker(storage, {"t": noop})
+        await gnl.enqueue(storage.work, "t", {})
+        return (await held["worker"].drain()).processed
+
+    async def second() -> int:
+        storage = held["storage"]
+        await gnl.enqueue(storage.work, "t", {})
+        processed = (await held["worker"].drain()).processed
+        await storage.close()
+        return processed
+
+    assert asyncio.run(first()) == 1
+    assert asyncio.run(second()) == 1

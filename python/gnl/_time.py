@@ -28,15 +28,25 @@ def to_ms(value: int | datetime, name: str) -> int:
     raise TypeError(f"{name} must be int epoch ms or an aware datetime, not {type(value).__name__}")
 
 
-def check_int(value: object, name: str, minimum: int) -> int:
-    """Return ``value`` if it is an int >= ``minimum``.
+#: The largest int a count or duration may be (2**53: exact in every JSON reader and in
+#: every store's integer column).
+MAX_INT = 2**53
+
+#: The longest duration accepted, in ms (about ten years; the native core's clamp).
+MAX_DURATION_MS = 315_360_000_000
+
+
+def check_int(value: object, name: str, minimum: int, maximum: int = MAX_INT) -> int:
+    """Return ``value`` if it is an int in ``[minimum, maximum]``.
 
     Raises:
         TypeError: not an int (a bool is refused too).
-        InvalidArgumentError: below ``minimum``.
+        InvalidArgumentError: out of range.
     """
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, not {type(value).__name__}")
     if value < minimum:
         raise InvalidArgumentError(f"{name} must be >= {minimum}, got {value}")
+    if value > maximum:
+        raise InvalidArgumentError(f"{name} must be <= {maximum}, got {value}")
     return value

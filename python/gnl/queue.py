@@ -235,7 +235,7 @@ async def list_jobs(
         InvalidArgumentError: a bad state or limit, or a cursor from another function or
             other filters, or a garbled one.
     """
-    check_int(limit, "limit", 1)
+    check_int(limit, "limit", 1, 10_000)
     raw, nxt = await native_of(work).list_jobs(
         False,
         _opt_str(org_id, "org_id"),
@@ -256,7 +256,7 @@ async def list_all_jobs(
     Raises:
         InvalidArgumentError: a bad limit, or a cursor that ``list_all_jobs`` did not produce.
     """
-    check_int(limit, "limit", 1)
+    check_int(limit, "limit", 1, 10_000)
     raw, nxt = await native_of(work).list_jobs(
         True, None, None, None, limit, _opt_str(cursor, "cursor")
     )

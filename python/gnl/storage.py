@@ -136,11 +136,12 @@ async def connect(url: str, *, max_connections: int = 10, create: bool = True) -
             ``gnl upgrade <url>``), or the store is empty and ``create`` is False.
         SchemaTooNewError: the store's schema is newer than this package.
         UnsupportedStoreError: the server is too old, or this build has no engine for it.
-        StoreUnavailableError: the store cannot be reached.
+        StoreUnavailableError: the store cannot be reached (also: ``create`` is False and
+            there is no SQLite file at the path; none is created).
     """
     if not isinstance(url, str):
         raise TypeError(f"url must be a str, not {type(url).__name__}")
-    check_int(max_connections, "max_connections", 1)
+    check_int(max_connections, "max_connections", 1, 10_000)
     if not isinstance(create, bool):
         raise TypeError(f"create must be a bool, not {type(create).__name__}")
     native = await _native.connect(url, max_connections, create)

@@ -20,7 +20,7 @@ from types import TracebackType
 from typing import Any
 
 from . import _native
-from ._time import check_int
+from ._time import MAX_DURATION_MS, check_int
 from .errors import ExecutionRevokedError, GnlError, InvalidArgumentError, StoreUnavailableError
 from .signal import RevocationSignal
 from .storage import Journal, Storage, WorkStore, storage_of
@@ -177,6 +177,7 @@ class Worker:
         self._slot = asyncio.Event()
         self._wake = asyncio.Event()
         self._stopping = False
+        self._draining = False
         self._counts = [0, 0, 0]  # processed, succeeded, failed
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -208,6 +209,10 @@ class Worker:
         """
         if self.running:
             return
+        if self._draining:
+            raise GnlError("start() cannot run while drain() is running")
+        self._slot = asyncio.Event()
+        self._wake = asyncio.Event()
         self._ensure_native()
         self._stopping = False
         self._loop_task = asyncio.get_running_loop().create_task(
@@ -250,6 +255,10 @@ class Worker:
         """
         if self.running:
             raise GnlError("drain() cannot run while the worker is started; stop() it first")
+        if self._draining:
+            raise GnlError("drain() is already running on this worker")
+        self._draining = True
+        self._slot = asyncio.Event()  # bound to this call's loop
         native = self._ensure_native()
         before = list(self._counts)
         busy_wait = 0.005
@@ -276,6 +285,11 @@ class Worker:
             await native.flush()
         finally:
             await self._settle()
+            # The native half belongs to this loop: a later drain() or start() may run on
+            # another one (a new asyncio.run).
+            native.close()
+            self._native = None
+            self._draining = False
         c = self._counts
         return DrainResult(c[0] - before[0], c[1] - before[1], c[2] - before[2])
 
@@ -404,7 +418,7 @@ class Worker:
             return d
         try:
             value = d(attempt)
-            return check_int(value, "retry_delay_ms(attempt)", 0)
+            return check_int(value, "retry_delay_ms(attempt)", 0, MAX_DURATION_MS)
         except Exception as e:  # noqa: BLE001
             log.error(
                 "gnl worker %s: retry_delay_ms(%d) failed (%s); using the default",
@@ -499,16 +513,16 @@ def create_worker(
             raise TypeError(f"handler keys must be job types (str), not {type(k).__name__}")
         if not callable(h):
             raise TypeError(f"the handler for {k!r} is not callable")
-    check_int(ttl_ms, "ttl_ms", 3)
-    check_int(max_attempts, "max_attempts", 1)
+    check_int(ttl_ms, "ttl_ms", 3, MAX_DURATION_MS)
+    check_int(max_attempts, "max_attempts", 1, 1_000_000)
     if max_hold_ms is not None:
-        check_int(max_hold_ms, "max_hold_ms", 1)
-    check_int(concurrency, "concurrency", 1)
-    check_int(poll_ms, "poll_ms", 1)
+        check_int(max_hold_ms, "max_hold_ms", 1, MAX_DURATION_MS)
+    check_int(concurrency, "concurrency", 1, 10_000)
+    check_int(poll_ms, "poll_ms", 1, MAX_DURATION_MS)
     if max_poll_ms is not None:
-        check_int(max_poll_ms, "max_poll_ms", poll_ms)
+        check_int(max_poll_ms, "max_poll_ms", poll_ms, MAX_DURATION_MS)
     if retry_delay_ms is not None and not callable(retry_delay_ms):
-        check_int(retry_delay_ms, "retry_delay_ms", 0)
+        check_int(retry_delay_ms, "retry_delay_ms", 0, MAX_DURATION_MS)
     if name is not None:
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, not {type(name).__name__}")

@@ -1,5 +1,9 @@
 //! Retry spacing and empty-poll backoff: pure arithmetic, shared by the queue and the events.
 
+/// The longest retry delay, in ms (about ten years): a larger one is clamped to it, so that
+/// "now + delay" never overflows a store's integer.
+pub const MAX_RETRY_DELAY_MS: i64 = 315_360_000_000;
+
 /// The default delay before retrying a failed job attempt, in ms.
 ///
 /// Exponential from 1,000 ms, doubling per failed attempt, capped at 60,000 ms, then ±20%

@@ -11,6 +11,9 @@ use crate::ids::new_job_id;
 use crate::model::NewJob;
 use crate::validate;
 
+/// The last instant accepted (9999-12-31T23:59:59.999Z), in epoch ms.
+const MAX_INSTANT_MS: i64 = 253_402_300_799_999;
+
 const SPEC_KEYS: [&str; 3] = ["type", "payload", "options"];
 const OPTION_KEYS: [&str; 5] = ["id", "org_id", "run_at", "delay_ms", "max_depth"];
 
@@ -192,11 +195,17 @@ fn one(spec: &Bound<'_, PyAny>) -> PyResult<NewJob> {
     }
     if let Some(d) = delay_ms {
         validate::duration_ms("delay_ms", d, 0).map_err(to_py)?;
+        if d > crate::retry::MAX_RETRY_DELAY_MS {
+            return Err(InvalidArgumentError::new_err(format!(
+                "delay_ms must be at most {} (about ten years), got {d}",
+                crate::retry::MAX_RETRY_DELAY_MS
+            )));
+        }
     }
     if let Some(r) = run_at {
-        if r < 0 {
+        if !(0..=MAX_INSTANT_MS).contains(&r) {
             return Err(InvalidArgumentError::new_err(format!(
-                "run_at must be >= 0 epoch ms, got {r}"
+                "run_at must be between 0 and {MAX_INSTANT_MS} epoch ms (year 9999), got {r}"
             )));
         }
     }

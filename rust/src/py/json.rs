@@ -37,9 +37,21 @@ fn write(v: &Bound<'_, PyAny>, out: &mut String, path: &mut String, depth: usize
     } else if let Ok(b) = v.cast::<PyBool>() {
         out.push_str(if b.is_true() { "true" } else { "false" });
     } else if let Ok(i) = v.cast::<PyInt>() {
-        match i.extract::<i64>() {
-            Ok(n) => out.push_str(itoa_i64(n).as_str()),
-            Err(_) => out.push_str(&i.str()?.to_cow()?),
+        if let Ok(n) = i.extract::<i64>() {
+            out.push_str(&n.to_string());
+        } else {
+            // A big int: int's own decimal form (`int.__repr__`, never a subclass's __str__).
+            let text = v
+                .py()
+                .get_type::<PyInt>()
+                .call_method1("__repr__", (i,))
+                .map_err(|e| {
+                    InvalidArgumentError::new_err(format!(
+                        "{path} is an int too large to write as JSON ({})",
+                        e.value(v.py())
+                    ))
+                })?;
+            out.push_str(&text.str()?.to_cow()?);
         }
     } else if let Ok(f) = v.cast::<PyFloat>() {
         let x = f.value();
@@ -110,10 +122,6 @@ fn type_name(v: &Bound<'_, PyAny>) -> String {
         .name()
         .map(|n| n.to_string())
         .unwrap_or_else(|_| "?".into())
-}
-
-fn itoa_i64(n: i64) -> String {
-    n.to_string()
 }
 
 fn push_str(out: &mut String, s: &str) {

@@ -390,20 +390,21 @@ impl NativeWorker {
     ) -> PyResult<Self> {
         crate::validate::duration_ms("ttl_ms", ttl_ms, 3).map_err(to_py)?;
         crate::validate::count("max_attempts", max_attempts, 1).map_err(to_py)?;
+        // Native threads enter Python only through `with_python` (see `quiesce`).
         let revoke = Arc::new(move |seq: i64, why: &'static str| {
-            Python::attach(|py| {
+            with_python(|py| {
                 // A closed loop means the worker is gone; nothing is left to tell.
                 let _ = event_loop.call_method1(
                     py,
                     "call_soon_threadsafe",
                     (on_revoke.clone_ref(py), seq, why),
                 );
-            })
+            });
         });
         let log = Arc::new(move |msg: String| {
-            Python::attach(|py| {
+            with_python(|py| {
                 let _ = on_log.call1(py, (msg,));
-            })
+            });
         });
         let rt = pyo3_async_runtimes::tokio::get_runtime().handle().clone();
         let req = ClaimRequest {
@@ -472,7 +473,7 @@ impl NativeWorker {
         delay_ms: Option<i64>,
     ) -> PyResult<()> {
         let delay = match delay_ms {
-            Some(d) => d.max(0),
+            Some(d) => d.clamp(0, crate::retry::MAX_RETRY_DELAY_MS),
             None => {
                 crate::retry::default_job_retry_delay_ms(attempt, rand::random::<f64>() * 2.0 - 1.0)
             }
