@@ -182,35 +182,34 @@ const CLAIM_JOBS: &str = concat!(
      ORDER BY i, run_at, seq"
 );
 
-const INSERT_JOBS: &str = concat!(
-    "INSERT INTO gnl_jobs (org, id, type, payload, run_at, state, created_at, updated_at)
-     SELECT u.o, u.i, u.t, u.p::json, coalesce(u.r, ",
-    now_ms!(),
-    " + u.d), 'pending', ",
-    now_ms!(),
-    ", ",
-    now_ms!(),
-    "
-     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[])
-          AS u(o, i, t, p, r, d)
-     ON CONFLICT (org, id) DO NOTHING"
-);
+/// The jobs of an enqueue from six arrays ($1 org, $2 id, $3 type, $4 payload, $5 run_at,
+/// $6 delay_ms); an id already present is skipped.
+macro_rules! insert_jobs {
+    () => {
+        concat!(
+            "INSERT INTO gnl_jobs (org, id, type, payload, run_at, state, created_at, updated_at)
+             SELECT u.o, u.i, u.t, u.p::json, coalesce(u.r, ",
+            now_ms!(),
+            " + u.d), 'pending', ",
+            now_ms!(),
+            ", ",
+            now_ms!(),
+            "
+             FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[])
+                  AS u(o, i, t, p, r, d)
+             ON CONFLICT (org, id) DO NOTHING"
+        )
+    };
+}
+
+const INSERT_JOBS: &str = insert_jobs!();
 
 /// A whole enqueue in one statement: the jobs, then their lanes (from the rows actually
 /// inserted, after them: jobs before lanes is the lock order).
 const ENQUEUE_ONE: &str = concat!(
-    "WITH ins AS (
-       INSERT INTO gnl_jobs (org, id, type, payload, run_at, state, created_at, updated_at)
-       SELECT u.o, u.i, u.t, u.p::json, coalesce(u.r, ",
-    now_ms!(),
-    " + u.d), 'pending', ",
-    now_ms!(),
-    ", ",
-    now_ms!(),
+    "WITH ins AS (",
+    insert_jobs!(),
     "
-       FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[])
-            AS u(o, i, t, p, r, d)
-       ON CONFLICT (org, id) DO NOTHING
        RETURNING org, run_at
      ),
      ln AS (
