@@ -22,6 +22,241 @@ pub struct NewJob {
     pub max_depth: Option<i64>,
 }
 
+/// When a job of a batch is due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Due {
+    /// At the store's clock when the batch is written.
+    Now,
+    /// At this instant (epoch ms UTC).
+    At(i64),
+    /// This many ms after the store's clock when the batch is written.
+    After(i64),
+}
+
+impl Due {
+    pub fn of(run_at: Option<i64>, delay_ms: Option<i64>) -> Due {
+        match (run_at, delay_ms) {
+            (Some(r), _) => Due::At(r),
+            (None, Some(d)) => Due::After(d),
+            (None, None) => Due::Now,
+        }
+    }
+
+    /// The due instant, given the store's clock `now`.
+    pub fn at(self, now: i64) -> i64 {
+        match self {
+            Due::Now => now,
+            Due::At(r) => r,
+            Due::After(d) => now.saturating_add(d),
+        }
+    }
+}
+
+/// One job of a `JobBatch`, borrowed from it.
+#[derive(Debug, Clone, Copy)]
+pub struct JobRef<'a> {
+    pub org: &'a str,
+    pub id: &'a str,
+    pub typ: &'a str,
+    /// JSON text, already checked.
+    pub payload: &'a str,
+    pub due: Due,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Packed {
+    /// Where the job's id starts in `text`; its payload follows it, up to the next job's id.
+    start: usize,
+    id_len: u32,
+    org: u32,
+    typ: u32,
+    due: Due,
+}
+
+/// The jobs of one enqueue, packed: ids and payloads back to back in one buffer,
+/// organizations and types interned. A 30,000-job batch of ~64-byte payloads takes about the
+/// JSON's size plus 40 bytes a job, instead of four heap strings a job. It also keeps what
+/// every engine needs besides the rows: each organization's earliest due instant and the
+/// smallest `max_depth` asked for.
+#[derive(Debug, Default, Clone)]
+pub struct JobBatch {
+    text: String,
+    jobs: Vec<Packed>,
+    orgs: Vec<String>,
+    types: Vec<String>,
+    /// Per organization (index into `orgs`): earliest absolute `run_at`, smallest delay,
+    /// whether some job is due now, smallest `max_depth`.
+    lanes: Vec<LaneSummary>,
+}
+
+/// What one enqueue asks of one organization's lane.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LaneSummary {
+    /// The earliest absolute `run_at` among its jobs.
+    pub min_at: Option<i64>,
+    /// The smallest delay among its relative jobs (a job due now counts as delay 0).
+    pub min_after: Option<i64>,
+    /// The smallest `max_depth` asked for.
+    pub max_depth: Option<i64>,
+}
+
+impl LaneSummary {
+    /// The earliest due instant, given the store's clock `now`.
+    pub fn earliest(&self, now: i64) -> i64 {
+        let rel = self.min_after.map(|d| now.saturating_add(d));
+        match (self.min_at, rel) {
+            (Some(a), Some(r)) => a.min(r),
+            (Some(a), None) => a,
+            (None, Some(r)) => r,
+            (None, None) => now,
+        }
+    }
+}
+
+fn intern(table: &mut Vec<String>, s: &str) -> u32 {
+    // Batches hold a handful of organizations and types; the last one usually repeats.
+    if let Some(i) = table.iter().rposition(|t| t == s) {
+        return i as u32;
+    }
+    table.push(s.to_string());
+    (table.len() - 1) as u32
+}
+
+impl JobBatch {
+    /// An empty batch with room for `jobs` jobs and `text` bytes of ids and payloads.
+    pub fn with_capacity(jobs: usize, text: usize) -> Self {
+        JobBatch {
+            text: String::with_capacity(text),
+            jobs: Vec::with_capacity(jobs),
+            ..Default::default()
+        }
+    }
+
+    /// Add a job whose payload `write_payload` appends (as JSON text) to the buffer it is
+    /// given. When it fails, the batch is left as it was.
+    pub fn push_with<E>(
+        &mut self,
+        org: &str,
+        id: &str,
+        typ: &str,
+        due: Due,
+        max_depth: Option<i64>,
+        write_payload: impl FnOnce(&mut String) -> std::result::Result<(), E>,
+    ) -> std::result::Result<(), E> {
+        let start = self.text.len();
+        self.text.push_str(id);
+        if let Err(e) = write_payload(&mut self.text) {
+            self.text.truncate(start);
+            return Err(e);
+        }
+        let org_i = intern(&mut self.orgs, org);
+        if org_i as usize == self.lanes.len() {
+            self.lanes.push(LaneSummary::default());
+        }
+        let lane = &mut self.lanes[org_i as usize];
+        match due {
+            Due::At(r) => lane.min_at = Some(lane.min_at.map_or(r, |a| a.min(r))),
+            Due::Now => lane.min_after = Some(lane.min_after.map_or(0, |a| a.min(0))),
+            Due::After(d) => lane.min_after = Some(lane.min_after.map_or(d, |a| a.min(d))),
+        }
+        if let Some(m) = max_depth {
+            lane.max_depth = Some(lane.max_depth.map_or(m, |a| a.min(m)));
+        }
+        let typ = intern(&mut self.types, typ);
+        self.jobs.push(Packed {
+            start,
+            id_len: id.len() as u32,
+            org: org_i,
+            typ,
+            due,
+        });
+        Ok(())
+    }
+
+    /// Add a job.
+    pub fn push(
+        &mut self,
+        org: &str,
+        id: &str,
+        typ: &str,
+        payload: &str,
+        due: Due,
+        max_depth: Option<i64>,
+    ) {
+        let _ = self.push_with::<()>(org, id, typ, due, max_depth, |t| {
+            t.push_str(payload);
+            Ok(())
+        });
+    }
+
+    pub fn len(&self) -> usize {
+        self.jobs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.jobs.is_empty()
+    }
+
+    /// The `i`th job.
+    pub fn get(&self, i: usize) -> JobRef<'_> {
+        let p = &self.jobs[i];
+        let id_end = p.start + p.id_len as usize;
+        let end = self.jobs.get(i + 1).map_or(self.text.len(), |n| n.start);
+        JobRef {
+            org: &self.orgs[p.org as usize],
+            id: &self.text[p.start..id_end],
+            typ: &self.types[p.typ as usize],
+            payload: &self.text[id_end..end],
+            due: p.due,
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = JobRef<'_>> + '_ {
+        (0..self.len()).map(move |i| self.get(i))
+    }
+
+    /// The bytes of text (org, id, type, payload) of job `i`.
+    pub fn text_len(&self, i: usize) -> usize {
+        let j = self.get(i);
+        j.org.len() + j.id.len() + j.typ.len() + j.payload.len()
+    }
+
+    /// Each organization of the batch with what the batch asks of its lane, in name order.
+    pub fn lanes(&self) -> Vec<(&str, LaneSummary)> {
+        let mut v: Vec<(&str, LaneSummary)> = self
+            .orgs
+            .iter()
+            .map(String::as_str)
+            .zip(self.lanes.iter().copied())
+            .collect();
+        v.sort_by(|a, b| a.0.cmp(b.0));
+        v
+    }
+
+    /// Whether some job asks for a `max_depth`.
+    pub fn has_limits(&self) -> bool {
+        self.lanes.iter().any(|l| l.max_depth.is_some())
+    }
+}
+
+impl From<&[NewJob]> for JobBatch {
+    fn from(jobs: &[NewJob]) -> Self {
+        let text = jobs.iter().map(|j| j.id.len() + j.payload.len()).sum();
+        let mut b = JobBatch::with_capacity(jobs.len(), text);
+        for j in jobs {
+            b.push(
+                &j.org,
+                &j.id,
+                &j.typ,
+                &j.payload,
+                Due::of(j.run_at, j.delay_ms),
+                j.max_depth,
+            );
+        }
+        b
+    }
+}
+
 /// One job as stored.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobRow {

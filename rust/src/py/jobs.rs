@@ -1,14 +1,15 @@
-//! Job specs from Python (`dict` or `gnl.JobSpec`) -> `NewJob`, checked the way `enqueue`
+//! Job specs from Python (`dict` or `gnl.JobSpec`) -> a `JobBatch`, checked the way `enqueue`
 //! checks one job (API.md "Queue"). Runs with the GIL, before anything is sent to the store.
 
 use pyo3::exceptions::PyTypeError;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString};
 
 use super::errors::{to_py, InvalidArgumentError, InvalidJobError};
 use super::json;
 use crate::ids::new_job_id;
-use crate::model::NewJob;
+use crate::model::{Due, JobBatch};
 use crate::validate;
 
 /// The last instant accepted (9999-12-31T23:59:59.999Z), in epoch ms.
@@ -73,58 +74,63 @@ pub fn instant_arg(v: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
     Ok((secs * 1000.0).round() as i64)
 }
 
-fn opt_str(v: Option<Bound<'_, PyAny>>, name: &str) -> PyResult<Option<String>> {
-    match v {
-        None => Ok(None),
-        Some(v) if v.is_none() => Ok(None),
-        Some(v) => match v.cast::<PyString>() {
-            Ok(s) => Ok(Some(
-                s.to_str()
-                    .map_err(|_| {
-                        InvalidArgumentError::new_err(format!("{name} is not valid Unicode"))
-                    })?
-                    .to_string(),
-            )),
-            Err(_) => Err(PyTypeError::new_err(format!(
-                "{name} must be a str, not {}",
-                v.get_type()
-                    .name()
-                    .map(|n| n.to_string())
-                    .unwrap_or_default()
-            ))),
-        },
-    }
-}
-
 fn opt_present(v: Option<Bound<'_, PyAny>>) -> Option<Bound<'_, PyAny>> {
     v.filter(|v| !v.is_none())
 }
 
-/// Check one job and turn it into a `NewJob`.
-fn one(spec: &Bound<'_, PyAny>) -> PyResult<NewJob> {
+/// The name of a dict key, for the messages about unknown keys.
+fn key_name(k: &Bound<'_, PyAny>) -> String {
+    k.str().map(|s| s.to_string()).unwrap_or_default()
+}
+
+/// A str argument borrowed from Python (no copy).
+fn str_arg<'a>(v: &'a Bound<'_, PyAny>, name: &str) -> PyResult<&'a str> {
+    match v.cast::<PyString>() {
+        Ok(s) => s
+            .to_str()
+            .map_err(|_| InvalidArgumentError::new_err(format!("{name} is not valid Unicode"))),
+        Err(_) => Err(PyTypeError::new_err(format!(
+            "{name} must be a str, not {}",
+            v.get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
+        ))),
+    }
+}
+
+/// Check one job and add it to `batch`; returns its id (the caller's str when it gave one).
+fn one(spec: &Bound<'_, PyAny>, batch: &mut JobBatch) -> PyResult<Py<PyAny>> {
+    let py = spec.py();
     let (typ, payload, opts): (
         Bound<'_, PyAny>,
         Bound<'_, PyAny>,
         [Option<Bound<'_, PyAny>>; 5],
     );
     if let Ok(d) = spec.cast::<PyDict>() {
-        for k in d.keys() {
-            let ks: String = k.str()?.to_string();
-            if !SPEC_KEYS.contains(&ks.as_str()) {
-                return Err(PyTypeError::new_err(format!(
-                    "unknown job key {ks:?}{}; a job is {{'type', 'payload', 'options'}}",
-                    did_you_mean(&ks)
-                )));
+        let mut found = [None, None, None];
+        for (k, v) in d.iter() {
+            let i = k
+                .cast::<PyString>()
+                .ok()
+                .and_then(|k| k.to_str().ok())
+                .and_then(|k| SPEC_KEYS.iter().position(|x| *x == k));
+            match i {
+                Some(i) => found[i] = Some(v),
+                None => {
+                    let ks = key_name(&k);
+                    return Err(PyTypeError::new_err(format!(
+                        "unknown job key {ks:?}{}; a job is {{'type', 'payload', 'options'}}",
+                        did_you_mean(&ks)
+                    )));
+                }
             }
         }
-        typ = d
-            .get_item("type")?
-            .ok_or_else(|| PyTypeError::new_err("a job needs a 'type'"))?;
-        payload = d
-            .get_item("payload")?
-            .ok_or_else(|| PyTypeError::new_err("a job needs a 'payload'"))?;
+        let [t, p, options] = found;
+        typ = t.ok_or_else(|| PyTypeError::new_err("a job needs a 'type'"))?;
+        payload = p.ok_or_else(|| PyTypeError::new_err("a job needs a 'payload'"))?;
         let mut o: [Option<Bound<'_, PyAny>>; 5] = Default::default();
-        if let Some(options) = opt_present(d.get_item("options")?) {
+        if let Some(options) = opt_present(options) {
             let od = options.cast::<PyDict>().map_err(|_| {
                 PyTypeError::new_err(format!(
                     "a job's 'options' must be a dict, not {}",
@@ -136,23 +142,28 @@ fn one(spec: &Bound<'_, PyAny>) -> PyResult<NewJob> {
                 ))
             })?;
             for (k, v) in od.iter() {
-                let ks: String = k.str()?.to_string();
-                match OPTION_KEYS.iter().position(|x| *x == ks) {
+                let i = k
+                    .cast::<PyString>()
+                    .ok()
+                    .and_then(|k| k.to_str().ok())
+                    .and_then(|k| OPTION_KEYS.iter().position(|x| *x == k));
+                match i {
                     Some(i) => o[i] = Some(v),
                     None => {
+                        let ks = key_name(&k);
                         return Err(PyTypeError::new_err(format!(
                             "unknown job option {ks:?}{}; options are {}",
                             did_you_mean(&ks),
                             OPTION_KEYS.join(", ")
-                        )))
+                        )));
                     }
                 }
             }
         }
         opts = o;
-    } else if spec.hasattr("__gnl_job_spec__")? {
-        typ = spec.getattr("type")?;
-        payload = spec.getattr("payload")?;
+    } else if spec.hasattr(intern!(py, "__gnl_job_spec__"))? {
+        typ = spec.getattr(intern!(py, "type"))?;
+        payload = spec.getattr(intern!(py, "payload"))?;
         let mut o: [Option<Bound<'_, PyAny>>; 5] = Default::default();
         for (i, k) in OPTION_KEYS.iter().enumerate() {
             o[i] = Some(spec.getattr(*k)?);
@@ -167,20 +178,36 @@ fn one(spec: &Bound<'_, PyAny>) -> PyResult<NewJob> {
                 .unwrap_or_default()
         )));
     }
-    let typ = opt_str(Some(typ), "type")?
-        .ok_or_else(|| PyTypeError::new_err("type must be a str, not None"))?;
-    validate::job_type(&typ).map_err(to_py)?;
-    let [id, org, run_at, delay_ms, max_depth] = opts;
-    let org = opt_str(org, "org_id")?;
-    if let Some(o) = &org {
-        validate::org_id(o).map_err(to_py)?;
+    if typ.is_none() {
+        return Err(PyTypeError::new_err("type must be a str, not None"));
     }
-    let id = match opt_str(id, "id")? {
-        Some(id) => {
-            validate::job_id(&id).map_err(to_py)?;
-            id
+    let typ_s = str_arg(&typ, "type")?;
+    validate::job_type(typ_s).map_err(to_py)?;
+    let [id, org, run_at, delay_ms, max_depth] = opts;
+    let org = opt_present(org);
+    let org_s = match &org {
+        Some(o) => {
+            let o = str_arg(o, "org_id")?;
+            validate::org_id(o).map_err(to_py)?;
+            o
         }
-        None => new_job_id(),
+        None => "",
+    };
+    let id = opt_present(id);
+    let generated;
+    let (id_s, id_obj) = match &id {
+        Some(v) => {
+            let s = str_arg(v, "id")?;
+            validate::job_id(s).map_err(to_py)?;
+            (s, v.clone().unbind())
+        }
+        None => {
+            generated = new_job_id();
+            (
+                generated.as_str(),
+                PyString::new(py, &generated).into_any().unbind(),
+            )
+        }
     };
     let run_at = opt_present(run_at)
         .map(|v| instant_arg(&v, "run_at"))
@@ -215,26 +242,33 @@ fn one(spec: &Bound<'_, PyAny>) -> PyResult<NewJob> {
     if let Some(m) = max_depth {
         validate::count("max_depth", m, 1).map_err(to_py)?;
     }
-    let payload = json::encode(&payload, "payload")?;
-    Ok(NewJob {
-        org: org.unwrap_or_default(),
-        id,
-        typ,
-        payload,
-        run_at,
-        delay_ms,
+    batch.push_with(
+        org_s,
+        id_s,
+        typ_s,
+        Due::of(run_at, delay_ms),
         max_depth,
-    })
+        |out| json::encode_into(&payload, "payload", out),
+    )?;
+    Ok(id_obj)
 }
 
-/// Check every job; the first bad one refuses the call. With `single`, its error is raised as
-/// is (`enqueue`); otherwise wrapped in `InvalidJobError` with `.index` (`enqueue_many`).
-pub fn convert(py: Python<'_>, jobs: &Bound<'_, PyAny>, single: bool) -> PyResult<Vec<NewJob>> {
-    let mut out = Vec::with_capacity(jobs.len().unwrap_or(0));
+/// Check every job and pack them; returns the batch and the jobs' ids in order. The first bad
+/// job refuses the call. With `single`, its error is raised as is (`enqueue`); otherwise
+/// wrapped in `InvalidJobError` with `.index` (`enqueue_many`).
+pub fn convert(
+    py: Python<'_>,
+    jobs: &Bound<'_, PyAny>,
+    single: bool,
+) -> PyResult<(JobBatch, Vec<Py<PyAny>>)> {
+    let n = jobs.len().unwrap_or(0);
+    // Ids and payloads of the peerbench's jobs take ~80 bytes; the buffer grows if needed.
+    let mut batch = JobBatch::with_capacity(n, n * 80);
+    let mut ids = Vec::with_capacity(n);
     for (i, spec) in jobs.try_iter()?.enumerate() {
         let spec = spec?;
-        match one(&spec) {
-            Ok(j) => out.push(j),
+        match one(&spec, &mut batch) {
+            Ok(id) => ids.push(id),
             Err(e) if single => return Err(e),
             Err(e) => {
                 let msg = format!("job {i} is invalid: {}", e.value(py));
@@ -244,5 +278,5 @@ pub fn convert(py: Python<'_>, jobs: &Bound<'_, PyAny>, single: bool) -> PyResul
             }
         }
     }
-    Ok(out)
+    Ok((batch, ids))
 }

@@ -2,6 +2,8 @@
 //! int, float, bool, None. Anything else is a `TypeError` naming where it sits; NaN and ±inf
 //! are an `InvalidArgumentError`. Nothing is written when either is raised.
 
+use std::fmt::Write;
+
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString};
@@ -14,9 +16,16 @@ const MAX_DEPTH: usize = 256;
 /// Encode `value` as JSON text; `what` names it in errors ("payload", "result", ...).
 pub fn encode(value: &Bound<'_, PyAny>, what: &str) -> PyResult<String> {
     let mut out = String::with_capacity(64);
-    let mut path = String::from(what);
-    write(value, &mut out, &mut path, 0)?;
+    encode_into(value, what, &mut out)?;
     Ok(out)
+}
+
+/// Append `value` as JSON text to `out`; when it fails, `out` may hold part of it (callers
+/// that keep `out` truncate it).
+pub fn encode_into(value: &Bound<'_, PyAny>, what: &str, out: &mut String) -> PyResult<()> {
+    let mut path = String::with_capacity(32);
+    path.push_str(what);
+    write(value, out, &mut path, 0)
 }
 
 fn write(v: &Bound<'_, PyAny>, out: &mut String, path: &mut String, depth: usize) -> PyResult<()> {
@@ -38,7 +47,7 @@ fn write(v: &Bound<'_, PyAny>, out: &mut String, path: &mut String, depth: usize
         out.push_str(if b.is_true() { "true" } else { "false" });
     } else if let Ok(i) = v.cast::<PyInt>() {
         if let Ok(n) = i.extract::<i64>() {
-            out.push_str(&n.to_string());
+            let _ = write!(out, "{n}");
         } else {
             // A big int: int's own decimal form (`int.__repr__`, never a subclass's __str__).
             let text = v
@@ -60,9 +69,13 @@ fn write(v: &Bound<'_, PyAny>, out: &mut String, path: &mut String, depth: usize
                 "{path} is {x}: NaN and infinities are not JSON"
             )));
         }
-        out.push_str(
-            &serde_json::to_string(&x).map_err(|e| InvalidArgumentError::new_err(e.to_string()))?,
-        );
+        // serde_json's (ryu's) shortest form, e.g. 1.0, 1e+300.
+        match serde_json::Number::from_f64(x) {
+            Some(n) => {
+                let _ = write!(out, "{n}");
+            }
+            None => return Err(InvalidArgumentError::new_err(format!("{path} is {x}"))),
+        }
     } else if let Ok(d) = v.cast::<PyDict>() {
         out.push('{');
         let base = path.len();
@@ -95,7 +108,7 @@ fn write(v: &Bound<'_, PyAny>, out: &mut String, path: &mut String, depth: usize
             if n > 0 {
                 out.push(',');
             }
-            path.push_str(&format!("[{n}]"));
+            let _ = write!(path, "[{n}]");
             write(&item, out, path, depth + 1)?;
             path.truncate(base);
         }
@@ -124,8 +137,33 @@ fn type_name(v: &Bound<'_, PyAny>) -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
+/// `s` as a JSON string, escaped as serde_json escapes it: quotes, backslashes and control
+/// characters; everything else (non-ASCII included) as is.
 fn push_str(out: &mut String, s: &str) {
-    // serde_json's escaping; writing into a String cannot fail.
-    let quoted = serde_json::to_string(s).unwrap_or_else(|_| String::from("\"\""));
-    out.push_str(&quoted);
+    out.reserve(s.len() + 2);
+    out.push('"');
+    let mut start = 0;
+    for (i, &b) in s.as_bytes().iter().enumerate() {
+        let esc = match b {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0x08 => "\\b",
+            0x0c => "\\f",
+            0x00..=0x1f => "",
+            _ => continue,
+        };
+        // `b` is ASCII, so `i` is a char boundary.
+        out.push_str(&s[start..i]);
+        if esc.is_empty() {
+            let _ = write!(out, "\\u{b:04x}");
+        } else {
+            out.push_str(esc);
+        }
+        start = i + 1;
+    }
+    out.push_str(&s[start..]);
+    out.push('"');
 }

@@ -191,11 +191,12 @@ impl NativeStore {
         jobs: &Bound<'py, PyAny>,
         single: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let rows = jobs::convert(py, jobs, single)?;
+        let (batch, ids) = jobs::convert(py, jobs, single)?;
         let s = self.inner.clone();
         spawn(py, async move {
-            store::enqueue(s.as_ref(), &rows).await?;
-            Ok(rows.into_iter().map(|r| r.id).collect::<Vec<String>>())
+            store::enqueue(s.as_ref(), &batch).await?;
+            drop(batch);
+            Ok(ids)
         })
     }
 

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 
 use crate::error::{Error, Result};
 use crate::model::{
-    ClaimRequest, ClaimedJob, JobRow, LeaseRef, ListQuery, NewJob, Outcome, RenewStatus,
+    ClaimRequest, ClaimedJob, JobBatch, JobRow, LeaseRef, ListQuery, NewJob, Outcome, RenewStatus,
 };
 
 pub mod mysql;
@@ -34,7 +34,12 @@ pub trait Store: Send + Sync + 'static {
     /// Insert jobs in one transaction, all or none. Ids already present (or repeated in the
     /// call) are one job. Fails with `QueueFull` (and writes nothing) when a job's
     /// `max_depth` would be exceeded by its organization's pending jobs.
-    async fn enqueue(&self, jobs: &[NewJob]) -> Result<()>;
+    async fn enqueue_batch(&self, jobs: &JobBatch) -> Result<()>;
+
+    /// `enqueue_batch` of these jobs, packed.
+    async fn enqueue(&self, jobs: &[NewJob]) -> Result<()> {
+        self.enqueue_batch(&JobBatch::from(jobs)).await
+    }
 
     /// Write `finished` outcomes, reclaim expired leases, then claim up to `req.limit` due jobs
     /// taking the lanes that waited longest in turn, in one transaction.
@@ -68,10 +73,10 @@ pub trait Store: Send + Sync + 'static {
 /// `Store::enqueue`, run again (up to 3 times) when the server aborted it to break a
 /// deadlock: two calls that insert overlapping ids in different orders can deadlock, and the
 /// rows (ids included) are fixed before the call, so running it again is idempotent.
-pub async fn enqueue(store: &dyn Store, jobs: &[NewJob]) -> Result<()> {
+pub async fn enqueue(store: &dyn Store, jobs: &JobBatch) -> Result<()> {
     let mut tries = 0u64;
     loop {
-        match store.enqueue(jobs).await {
+        match store.enqueue_batch(jobs).await {
             Err(e) if e.is_deadlock() && tries < 3 => {
                 tries += 1;
                 tokio::time::sleep(std::time::Duration::from_millis(

@@ -699,46 +699,30 @@ impl Store for MysqlStore {
         r
     }
 
-    async fn enqueue(&self, jobs: &[NewJob]) -> Result<()> {
+    async fn enqueue_batch(&self, jobs: &JobBatch) -> Result<()> {
         if jobs.is_empty() {
             return Ok(());
         }
-        for j in jobs {
-            self.check_size(
-                &format!("job {:?}", j.id),
-                j.payload.len() + j.id.len() + j.org.len() + j.typ.len(),
-            )?;
+        for (i, j) in jobs.iter().enumerate() {
+            let len = jobs.text_len(i);
+            if len + 4096 > self.max_packet {
+                self.check_size(&format!("job {:?}", j.id), len)?;
+            }
         }
         let mut tx = self.begin().await?;
         self.counted(1);
         let now: i64 = sqlx::query_scalar(concat!("SELECT ", now_ms!()))
             .fetch_one(&mut *tx)
             .await?;
-        let mut lanes: BTreeMap<&str, i64> = BTreeMap::new();
-        let mut limits: BTreeMap<&str, i64> = BTreeMap::new();
-        let run_ats: Vec<i64> = jobs
-            .iter()
-            .map(|j| j.run_at.unwrap_or_else(|| now + j.delay_ms.unwrap_or(0)))
-            .collect();
-        for (j, run_at) in jobs.iter().zip(&run_ats) {
-            let e = lanes.entry(j.org.as_str()).or_insert(*run_at);
-            *e = (*e).min(*run_at);
-            if let Some(d) = j.max_depth {
-                let e = limits.entry(j.org.as_str()).or_insert(d);
-                *e = (*e).min(d);
-            }
-        }
+        let summary = jobs.lanes();
         let row_tail = format!(",'pending',{now},{now})");
-        for r in plan(jobs.len(), 5, self.budget, |i| {
-            let j = &jobs[i];
-            j.org.len() + j.id.len() + j.typ.len() + j.payload.len() + 8
-        }) {
+        for r in plan(jobs.len(), 5, self.budget, |i| jobs.text_len(i) + 8) {
             let mut q = Sql::new(
                 "INSERT INTO gnl_jobs (org, id, type, payload, run_at, state, created_at, updated_at) VALUES ",
             );
             q.rows = r.len();
             for i in r {
-                let j = &jobs[i];
+                let j = jobs.get(i);
                 q.s(if q.text.ends_with(' ') {
                     "(?,?,?,?,?"
                 } else {
@@ -748,8 +732,8 @@ impl Store for MysqlStore {
                 q.bind(j.org.as_bytes())?
                     .bind(j.id.as_bytes())?
                     .bind(j.typ.as_bytes())?
-                    .bind(j.payload.as_str())?
-                    .bind(run_ats[i])?;
+                    .bind(j.payload)?
+                    .bind(j.due.at(now))?;
             }
             // Only the duplicate key is ignored (INSERT IGNORE would swallow other errors).
             q.s(" ON DUPLICATE KEY UPDATE seq = seq");
@@ -757,14 +741,18 @@ impl Store for MysqlStore {
             q.execute(&mut *tx).await?;
         }
         // Each organization's turn is taken once per call; lanes in org order.
-        let lanes: Vec<(Vec<u8>, i64)> = lanes
-            .into_iter()
-            .map(|(o, r)| (o.as_bytes().to_vec(), r))
+        let lanes: Vec<(Vec<u8>, i64)> = summary
+            .iter()
+            .map(|(o, l)| (o.as_bytes().to_vec(), l.earliest(now)))
             .collect();
         self.lower_lanes(&mut tx, &lanes).await?;
         // The depth check runs after the lanes above are written (and so locked): an enqueue
         // into the same organization waits for this transaction, and this read sees every one
         // that committed before it, so the check is exact.
+        let limits: BTreeMap<&str, i64> = summary
+            .iter()
+            .filter_map(|(o, l)| l.max_depth.map(|m| (*o, m)))
+            .collect();
         if !limits.is_empty() {
             let orgs: Vec<&str> = limits.keys().copied().collect();
             let mut depths: BTreeMap<String, i64> = BTreeMap::new();
@@ -1336,6 +1324,7 @@ mod tests {
         ids_are_exact_and_scoped_per_organization,
         listings_cancel_and_renew,
         the_clock_is_the_stores,
+        a_big_batch_skips_taken_and_repeated_ids,
     );
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

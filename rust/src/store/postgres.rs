@@ -43,6 +43,15 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
 /// One `INSERT … SELECT FROM unnest(…)` carries at most this many jobs / bytes of job text.
 const CHUNK_ROWS: usize = 50_000;
 const CHUNK_BYTES: usize = 64 << 20;
+/// Batches of at least this many jobs are written with `COPY` (fewer: one statement).
+const COPY_MIN_ROWS: usize = 1_000;
+/// `COPY` data is sent in messages of about this size (the batch is never encoded whole).
+const COPY_SEND_BYTES: usize = 256 << 10;
+const COPY_JOBS: &str =
+    "COPY gnl_jobs (org, id, type, payload, run_at, state, created_at, updated_at) \
+                         FROM STDIN (FORMAT binary)";
+/// SQLSTATE unique_violation.
+const UNIQUE_VIOLATION: &str = "23505";
 
 const JOB_COLS: &str =
     "seq, org, id, type, payload::text, state, attempts, max_attempts, last_error, result::text, \
@@ -435,27 +444,171 @@ impl PostgresStore {
     }
 }
 
-/// Split jobs into statements of at most `CHUNK_ROWS` rows and `CHUNK_BYTES` bytes of text.
-fn chunks(jobs: &[NewJob]) -> Vec<&[NewJob]> {
+impl PostgresStore {
+    /// Insert a batch with `COPY … FROM STDIN (FORMAT binary)`, streamed in parts of
+    /// `COPY_SEND_BYTES`, then the lanes, in one transaction. `COPY` has no `ON CONFLICT`: when
+    /// an id is taken (or repeated in the batch) the transaction is rolled back and `false`
+    /// returned: the caller then takes `enqueue_unnest`, which skips taken ids.
+    async fn enqueue_copy(&self, jobs: &JobBatch) -> Result<bool> {
+        let mut tx = self.begin().await?;
+        self.counted(1);
+        let now: i64 = sqlx::query_scalar(concat!("SELECT ", now_ms!()))
+            .fetch_one(&mut *tx)
+            .await?;
+        self.counted(1);
+        let mut copy = tx.copy_in_raw(COPY_JOBS).await?;
+        let mut buf = Vec::with_capacity(COPY_SEND_BYTES + 4096);
+        buf.extend_from_slice(copy_binary::HEADER);
+        for j in jobs.iter() {
+            copy_binary::fields(&mut buf, 8);
+            copy_binary::text(&mut buf, j.org);
+            copy_binary::text(&mut buf, j.id);
+            copy_binary::text(&mut buf, j.typ);
+            copy_binary::text(&mut buf, j.payload);
+            copy_binary::int8(&mut buf, j.due.at(now));
+            copy_binary::text(&mut buf, PENDING);
+            copy_binary::int8(&mut buf, now);
+            copy_binary::int8(&mut buf, now);
+            if buf.len() >= COPY_SEND_BYTES {
+                copy.send(buf.as_slice()).await?;
+                buf.clear();
+            }
+        }
+        buf.extend_from_slice(copy_binary::TRAILER);
+        copy.send(buf.as_slice()).await?;
+        drop(buf);
+        match copy.finish().await {
+            Ok(_) => {}
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some(UNIQUE_VIOLATION) => {
+                self.rollback(tx).await?;
+                return Ok(false);
+            }
+            Err(e) => return Err(e.into()),
+        }
+        let lanes = jobs.lanes();
+        let orgs: Vec<&str> = lanes.iter().map(|(o, _)| *o).collect();
+        let due: Vec<i64> = lanes.iter().map(|(_, l)| l.earliest(now)).collect();
+        self.counted(1);
+        sqlx::query(ENQUEUE_LANES)
+            .bind(orgs)
+            .bind(due)
+            .bind(Vec::<Option<i64>>::new())
+            .execute(&mut *tx)
+            .await?;
+        self.check_limits(&mut tx, jobs).await?;
+        self.commit(tx).await?;
+        Ok(true)
+    }
+
+    /// Insert a batch with `INSERT … SELECT FROM unnest(…) ON CONFLICT DO NOTHING` (taken ids
+    /// are skipped): one statement when it fits `CHUNK_ROWS`/`CHUNK_BYTES` and asks no
+    /// `max_depth`, else several in one transaction.
+    async fn enqueue_unnest(&self, jobs: &JobBatch) -> Result<()> {
+        let parts = chunks(jobs);
+        if parts.len() == 1 && !jobs.has_limits() {
+            // One statement is one transaction.
+            let (o, i, t, p, r, d) = job_arrays(jobs, 0..jobs.len());
+            self.counted(1);
+            sqlx::query(ENQUEUE_ONE)
+                .bind(o)
+                .bind(i)
+                .bind(t)
+                .bind(p)
+                .bind(r)
+                .bind(d)
+                .fetch_one(&self.pool)
+                .await?;
+            return Ok(());
+        }
+        let mut tx = self.begin().await?;
+        if parts.len() == 1 {
+            let (o, i, t, p, r, d) = job_arrays(jobs, 0..jobs.len());
+            self.counted(1);
+            sqlx::query(ENQUEUE_ONE)
+                .bind(o)
+                .bind(i)
+                .bind(t)
+                .bind(p)
+                .bind(r)
+                .bind(d)
+                .fetch_one(&mut *tx)
+                .await?;
+        } else {
+            for part in parts {
+                let (o, i, t, p, r, d) = job_arrays(jobs, part);
+                self.counted(1);
+                sqlx::query(INSERT_JOBS)
+                    .bind(o)
+                    .bind(i)
+                    .bind(t)
+                    .bind(p)
+                    .bind(r)
+                    .bind(d)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            // Per organization: the earliest absolute run_at and the smallest delay (the
+            // server adds its clock).
+            let lanes = jobs.lanes();
+            let orgs: Vec<&str> = lanes.iter().map(|(o, _)| *o).collect();
+            let abs: Vec<Option<i64>> = lanes.iter().map(|(_, l)| l.min_at).collect();
+            let rel: Vec<Option<i64>> = lanes.iter().map(|(_, l)| l.min_after).collect();
+            self.counted(1);
+            sqlx::query(ENQUEUE_LANES)
+                .bind(orgs)
+                .bind(abs)
+                .bind(rel)
+                .execute(&mut *tx)
+                .await?;
+        }
+        self.check_limits(&mut tx, jobs).await?;
+        self.commit(tx).await
+    }
+
+    /// When the batch asks for `max_depth`s: `QueueFull` (the transaction rolled back) for the
+    /// first organization, in name order, whose pending depth now exceeds its limit.
+    async fn check_limits(&self, tx: &mut Tx, jobs: &JobBatch) -> Result<()> {
+        if !jobs.has_limits() {
+            return Ok(());
+        }
+        let limits: BTreeMap<&str, i64> = jobs
+            .lanes()
+            .into_iter()
+            .filter_map(|(o, l)| l.max_depth.map(|m| (o, m)))
+            .collect();
+        let limit_orgs: Vec<&str> = limits.keys().copied().collect();
+        self.counted(1);
+        let depths: Vec<(String, i64)> = sqlx::query_as(DEPTHS)
+            .bind(limit_orgs)
+            .fetch_all(&mut **tx)
+            .await?;
+        check_depths(&depths, &limits)
+    }
+}
+
+/// Split a batch into statements of at most `CHUNK_ROWS` rows and `CHUNK_BYTES` bytes of text.
+fn chunks(jobs: &JobBatch) -> Vec<std::ops::Range<usize>> {
     let mut out = vec![];
     let (mut start, mut bytes) = (0, 0);
-    for (i, j) in jobs.iter().enumerate() {
-        let b = j.org.len() + j.id.len() + j.typ.len() + j.payload.len() + 32;
+    for i in 0..jobs.len() {
+        let b = jobs.text_len(i) + 32;
         if i > start && (i - start >= CHUNK_ROWS || bytes + b > CHUNK_BYTES) {
-            out.push(&jobs[start..i]);
+            out.push(start..i);
             start = i;
             bytes = 0;
         }
         bytes += b;
     }
-    out.push(&jobs[start..]);
+    out.push(start..jobs.len());
     out
 }
 
-/// The column arrays of one `INSERT … SELECT FROM unnest(…)`.
+/// The column arrays of one `INSERT … SELECT FROM unnest(…)`: org, id, type, payload,
+/// absolute run_at, delay (the server adds its clock).
 #[allow(clippy::type_complexity)]
 fn job_arrays(
-    jobs: &[NewJob],
+    jobs: &JobBatch,
+    range: std::ops::Range<usize>,
 ) -> (
     Vec<&str>,
     Vec<&str>,
@@ -464,7 +617,7 @@ fn job_arrays(
     Vec<Option<i64>>,
     Vec<i64>,
 ) {
-    let n = jobs.len();
+    let n = range.len();
     let (mut o, mut i, mut t, mut p, mut r, mut d) = (
         Vec::with_capacity(n),
         Vec::with_capacity(n),
@@ -473,15 +626,43 @@ fn job_arrays(
         Vec::with_capacity(n),
         Vec::with_capacity(n),
     );
-    for j in jobs {
-        o.push(j.org.as_str());
-        i.push(j.id.as_str());
-        t.push(j.typ.as_str());
-        p.push(j.payload.as_str());
-        r.push(j.run_at);
-        d.push(j.delay_ms.unwrap_or(0));
+    for k in range {
+        let j = jobs.get(k);
+        o.push(j.org);
+        i.push(j.id);
+        t.push(j.typ);
+        p.push(j.payload);
+        let (at, after) = match j.due {
+            Due::At(a) => (Some(a), 0),
+            Due::After(x) => (None, x),
+            Due::Now => (None, 0),
+        };
+        r.push(at);
+        d.push(after);
     }
     (o, i, t, p, r, d)
+}
+
+/// COPY's binary format (PostgreSQL docs, "COPY", "Binary Format"): a header, then per row a
+/// field count and each field as a length and its bytes (`text` and `json` as UTF-8, `bigint`
+/// as 8 bytes big-endian), then a trailer.
+mod copy_binary {
+    pub const HEADER: &[u8] = b"PGCOPY\n\xff\r\n\0\0\0\0\0\0\0\0\0";
+    pub const TRAILER: &[u8] = &[0xff, 0xff];
+
+    pub fn fields(buf: &mut Vec<u8>, n: i16) {
+        buf.extend_from_slice(&n.to_be_bytes());
+    }
+
+    pub fn text(buf: &mut Vec<u8>, s: &str) {
+        buf.extend_from_slice(&(s.len() as i32).to_be_bytes());
+        buf.extend_from_slice(s.as_bytes());
+    }
+
+    pub fn int8(buf: &mut Vec<u8>, v: i64) {
+        buf.extend_from_slice(&8i32.to_be_bytes());
+        buf.extend_from_slice(&v.to_be_bytes());
+    }
 }
 
 /// `QueueFull` for the first organization (in name order) whose depth exceeds its limit.
@@ -574,95 +755,16 @@ impl Store for PostgresStore {
         self.commit(tx).await
     }
 
-    async fn enqueue(&self, jobs: &[NewJob]) -> Result<()> {
+    async fn enqueue_batch(&self, jobs: &JobBatch) -> Result<()> {
         if jobs.is_empty() {
             return Ok(());
         }
-        // Per organization: the earliest absolute run_at and the smallest delay (the server
-        // adds its clock), and the smallest max_depth asked for.
-        let mut lanes: BTreeMap<&str, (Option<i64>, Option<i64>)> = BTreeMap::new();
-        let mut limits: BTreeMap<&str, i64> = BTreeMap::new();
-        for j in jobs {
-            let e = lanes.entry(j.org.as_str()).or_insert((None, None));
-            match j.run_at {
-                Some(r) => e.0 = Some(e.0.map_or(r, |a| a.min(r))),
-                None => {
-                    let d = j.delay_ms.unwrap_or(0);
-                    e.1 = Some(e.1.map_or(d, |a| a.min(d)));
-                }
-            }
-            if let Some(d) = j.max_depth {
-                let e = limits.entry(j.org.as_str()).or_insert(d);
-                *e = (*e).min(d);
-            }
-        }
-        let parts = chunks(jobs);
-        if parts.len() == 1 && limits.is_empty() {
-            // One statement is one transaction.
-            let (o, i, t, p, r, d) = job_arrays(parts[0]);
-            self.counted(1);
-            sqlx::query(ENQUEUE_ONE)
-                .bind(o)
-                .bind(i)
-                .bind(t)
-                .bind(p)
-                .bind(r)
-                .bind(d)
-                .fetch_one(&self.pool)
-                .await?;
+        // COPY is ~2x the unnest statement's speed on big batches, but cannot skip taken ids:
+        // when one is taken, the statement that can.
+        if jobs.len() >= COPY_MIN_ROWS && self.enqueue_copy(jobs).await? {
             return Ok(());
         }
-        let mut tx = self.begin().await?;
-        if parts.len() == 1 {
-            let (o, i, t, p, r, d) = job_arrays(parts[0]);
-            self.counted(1);
-            sqlx::query(ENQUEUE_ONE)
-                .bind(o)
-                .bind(i)
-                .bind(t)
-                .bind(p)
-                .bind(r)
-                .bind(d)
-                .fetch_one(&mut *tx)
-                .await?;
-        } else {
-            for part in parts {
-                let (o, i, t, p, r, d) = job_arrays(part);
-                self.counted(1);
-                sqlx::query(INSERT_JOBS)
-                    .bind(o)
-                    .bind(i)
-                    .bind(t)
-                    .bind(p)
-                    .bind(r)
-                    .bind(d)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            let lane_orgs: Vec<&str> = lanes.keys().copied().collect();
-            let lane_abs: Vec<Option<i64>> = lanes.values().map(|v| v.0).collect();
-            let lane_rel: Vec<Option<i64>> = lanes.values().map(|v| v.1).collect();
-            self.counted(1);
-            sqlx::query(ENQUEUE_LANES)
-                .bind(lane_orgs)
-                .bind(lane_abs)
-                .bind(lane_rel)
-                .execute(&mut *tx)
-                .await?;
-        }
-        if !limits.is_empty() {
-            let limit_orgs: Vec<&str> = limits.keys().copied().collect();
-            self.counted(1);
-            let depths: Vec<(String, i64)> = sqlx::query_as(DEPTHS)
-                .bind(limit_orgs)
-                .fetch_all(&mut *tx)
-                .await?;
-            if let Err(e) = check_depths(&depths, &limits) {
-                self.rollback(tx).await?;
-                return Err(e);
-            }
-        }
-        self.commit(tx).await
+        self.enqueue_unnest(jobs).await
     }
 
     async fn claim(&self, finished: &[Outcome], req: &ClaimRequest) -> Result<Vec<ClaimedJob>> {
@@ -1410,6 +1512,43 @@ pub(crate) mod suite {
         assert!((now - local).abs() < 5_000, "{now} vs {local}");
     }
 
+    /// A big batch (the engines' bulk paths: COPY on Postgres) in which one id is taken and
+    /// one repeats: every other job is inserted, and the first writer of an id keeps it.
+    pub async fn a_big_batch_skips_taken_and_repeated_ids(s: Arc<dyn Store>) {
+        let mut first = job("a", "taken");
+        first.payload = r#"{"v":1}"#.into();
+        s.enqueue(&[first]).await.unwrap();
+        let mut jobs: Vec<NewJob> = (0..2_500).map(|i| job("a", &format!("j{i}"))).collect();
+        jobs[1_800].id = "taken".into();
+        jobs[1_800].payload = r#"{"v":2}"#.into();
+        jobs[2_000].id = "j5".into();
+        jobs[2_000].payload = r#"{"v":3}"#.into();
+        jobs[2_400].org = "b".into();
+        jobs[2_400].delay_ms = Some(3_600_000);
+        s.enqueue(&jobs).await.unwrap();
+        // 2,500 - 2 (taken, repeated) new jobs + the first one.
+        let all = s
+            .list_jobs(&ListQuery {
+                scope: ListScope::All,
+                snapshot: i64::MAX,
+                after: None,
+                limit: 10_000,
+            })
+            .await
+            .unwrap();
+        assert_eq!(all.len(), 2_499);
+        let taken = s.get_job("a", "taken").await.unwrap().unwrap();
+        assert_eq!(taken.payload.replace(' ', ""), r#"{"v":1}"#);
+        let j5 = s.get_job("a", "j5").await.unwrap().unwrap();
+        assert_eq!(j5.payload.replace(' ', ""), "{}");
+        let later = s.get_job("b", "j2400").await.unwrap().unwrap();
+        assert!(later.run_at - later.created_at >= 3_600_000);
+        // Both lanes know their jobs: everything in `a` is claimable, nothing in `b` yet.
+        let claimed = s.claim(&[], &req(5_000, 60_000)).await.unwrap();
+        assert_eq!(claimed.len(), 2_498);
+        assert!(claimed.iter().all(|j| j.org == "a"));
+    }
+
     /// Eight enqueues at once into one organization with `max_depth` 5: exactly five pass.
     pub async fn max_depth_is_exact_under_concurrent_enqueues(s: Arc<dyn Store>, url: String) {
         let mut tasks = vec![];
@@ -1623,6 +1762,7 @@ mod tests {
         ids_are_exact_and_scoped_per_organization,
         listings_cancel_and_renew,
         the_clock_is_the_stores,
+        a_big_batch_skips_taken_and_repeated_ids,
     );
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1816,6 +1956,7 @@ mod tests {
             ids_are_exact_and_scoped_per_organization,
             listings_cancel_and_renew,
             the_clock_is_the_stores,
+            a_big_batch_skips_taken_and_repeated_ids,
         );
 
         #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -430,7 +430,7 @@ impl Store for SqliteStore {
         self.commit(tx).await
     }
 
-    async fn enqueue(&self, jobs: &[NewJob]) -> Result<()> {
+    async fn enqueue_batch(&self, jobs: &JobBatch) -> Result<()> {
         if jobs.is_empty() {
             return Ok(());
         }
@@ -439,34 +439,27 @@ impl Store for SqliteStore {
         let now = clock_ms();
         // 5 binds a row, anonymous `?` only (see `write_outcomes`); `now` is a literal.
         let per_chunk = (self.var_limit / 5).max(1);
-        let mut lanes: BTreeMap<&str, i64> = BTreeMap::new();
-        let mut depth_limits: BTreeMap<&str, i64> = BTreeMap::new();
-        for chunk in jobs.chunks(per_chunk) {
-            let mut sql = String::with_capacity(160 + chunk.len() * 40);
+        let tail = format!("'pending',{now},{now})");
+        let mut start = 0;
+        while start < jobs.len() {
+            let end = (start + per_chunk).min(jobs.len());
+            let mut sql = String::with_capacity(160 + (end - start) * 40);
             sql.push_str(
                 "INSERT INTO gnl_jobs (org, id, type, payload, run_at, state, created_at, updated_at) VALUES ",
             );
             let mut args = SqliteArguments::default();
-            let tail = format!("'pending',{now},{now})");
-            for (i, j) in chunk.iter().enumerate() {
-                if i > 0 {
+            for i in start..end {
+                let j = jobs.get(i);
+                if i > start {
                     sql.push(',');
                 }
                 sql.push_str("(?,?,?,?,?,");
                 sql.push_str(&tail);
-                let run_at = j.run_at.unwrap_or_else(|| now + j.delay_ms.unwrap_or(0));
-                for v in [&j.org, &j.id, &j.typ, &j.payload] {
-                    args.add(v.as_str())
-                        .map_err(|e| Error::invalid(e.to_string()))?;
+                for v in [j.org, j.id, j.typ, j.payload] {
+                    args.add(v).map_err(|e| Error::invalid(e.to_string()))?;
                 }
-                args.add(run_at)
+                args.add(j.due.at(now))
                     .map_err(|e| Error::invalid(e.to_string()))?;
-                let e = lanes.entry(j.org.as_str()).or_insert(run_at);
-                *e = (*e).min(run_at);
-                if let Some(d) = j.max_depth {
-                    let e = depth_limits.entry(j.org.as_str()).or_insert(d);
-                    *e = (*e).min(d);
-                }
             }
             sql.push_str(" ON CONFLICT (org, id) DO NOTHING");
             self.counted(1);
@@ -474,13 +467,18 @@ impl Store for SqliteStore {
                 .persistent(false)
                 .execute(&mut *tx)
                 .await?;
+            start = end;
         }
-        for (org, max_depth) in depth_limits {
+        let lanes = jobs.lanes();
+        for (org, lane) in &lanes {
+            let Some(max_depth) = lane.max_depth else {
+                continue;
+            };
             self.counted(1);
             let depth: i64 = sqlx::query_scalar(
                 "SELECT count(*) FROM gnl_jobs WHERE org = ?1 AND state = 'pending'",
             )
-            .bind(org)
+            .bind(*org)
             .fetch_one(&mut *tx)
             .await?;
             if depth > max_depth {
@@ -498,8 +496,8 @@ impl Store for SqliteStore {
             }
         }
         // Each organization's turn is taken once per call.
-        for (org, run_at) in lanes {
-            self.lane_due(&mut tx, org, run_at).await?;
+        for (org, lane) in lanes {
+            self.lane_due(&mut tx, org, lane.earliest(now)).await?;
         }
         self.commit(tx).await
     }
