@@ -74,7 +74,7 @@ RAW_UNNEST = (
 GNL_UNNEST = """
 WITH ins AS (
   INSERT INTO gnl_jobs (org, id, type, payload, run_at, state, created_at, updated_at)
-  SELECT u.o, u.i, u.t, u.p::json, coalesce(u.r, n.now_ms + u.d), 'pending', n.now_ms, n.now_ms
+  SELECT u.o, u.i, u.t, u.p, coalesce(u.r, n.now_ms + u.d), 'pending', n.now_ms, n.now_ms
   FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[])
        AS u(o, i, t, p, r, d),
        (SELECT floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint) AS n(now_ms)

@@ -300,19 +300,22 @@ pub struct ClaimRequest {
     pub max_attempts: i64,
 }
 
-/// The end of one attempt, written conditionally on (seq, token).
+/// The end of one attempt, written conditionally on (seq, token). `org` is the job's
+/// organization (part of the Postgres key).
 #[derive(Debug, Clone)]
 pub enum Outcome {
     /// The handler returned; `result` is JSON text (or None).
     Done {
         seq: i64,
         token: i64,
+        org: String,
         result: Option<String>,
     },
     /// The handler failed; retried after `delay_ms` unless attempts are used up.
     Failed {
         seq: i64,
         token: i64,
+        org: String,
         error: String,
         delay_ms: i64,
     },
@@ -326,11 +329,12 @@ impl Outcome {
     }
 }
 
-/// A lease the worker holds: (seq, fencing token).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// A lease the worker holds: (seq, fencing token), and the job's organization.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct LeaseRef {
     pub seq: i64,
     pub token: i64,
+    pub org: String,
 }
 
 /// The answer to one lease renewal.

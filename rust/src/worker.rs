@@ -34,6 +34,8 @@ struct Shared {
     req: ClaimRequest,
     /// Held leases: seq -> fencing token.
     held: Mutex<HashMap<i64, i64>>,
+    /// The organization of every job claimed and not finished yet: seq -> org.
+    orgs: Mutex<HashMap<i64, String>>,
     /// Seqs whose cancel has been reported already.
     cancel_told: Mutex<HashSet<i64>>,
     /// Outcomes waiting to be written.
@@ -64,6 +66,7 @@ impl WorkerCore {
             store,
             req,
             held: Mutex::new(HashMap::new()),
+            orgs: Mutex::new(HashMap::new()),
             cancel_told: Mutex::new(HashSet::new()),
             pending: Mutex::new(Vec::new()),
             wake_writer: Notify::new(),
@@ -84,11 +87,18 @@ impl WorkerCore {
         claim(self.shared.clone(), n).await
     }
 
+    /// The organization of a claimed job that is not finished yet ("" when unknown).
+    pub fn org_of(&self, seq: i64) -> String {
+        let orgs = self.shared.orgs.lock().unwrap();
+        orgs.get(&seq).cloned().unwrap_or_default()
+    }
+
     /// Queue the outcome of an attempt; the lease stops being renewed now.
     pub fn finish(&self, outcome: Outcome) {
         let s = &self.shared;
         let seq = outcome.seq();
         s.held.lock().unwrap().remove(&seq);
+        s.orgs.lock().unwrap().remove(&seq);
         s.cancel_told.lock().unwrap().remove(&seq);
         s.pending.lock().unwrap().push(outcome);
         s.wake_writer.notify_one();
@@ -147,8 +157,10 @@ async fn claim(s: Arc<Shared>, n: usize) -> Result<Vec<ClaimedJob>> {
     match s.store.claim(&outcomes, &req).await {
         Ok(jobs) => {
             let mut held = s.held.lock().unwrap();
+            let mut orgs = s.orgs.lock().unwrap();
             for j in &jobs {
                 held.insert(j.seq, j.token);
+                orgs.insert(j.seq, j.org.clone());
             }
             Ok(jobs)
         }
@@ -218,16 +230,17 @@ async fn renew_loop(s: Arc<Shared>) {
     tick.tick().await;
     loop {
         tick.tick().await;
-        let leases: Vec<LeaseRef> = s
-            .held
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(seq, token)| LeaseRef {
-                seq: *seq,
-                token: *token,
-            })
-            .collect();
+        let leases: Vec<LeaseRef> = {
+            let held = s.held.lock().unwrap();
+            let orgs = s.orgs.lock().unwrap();
+            held.iter()
+                .map(|(seq, token)| LeaseRef {
+                    seq: *seq,
+                    token: *token,
+                    org: orgs.get(seq).cloned().unwrap_or_default(),
+                })
+                .collect()
+        };
         if leases.is_empty() {
             failures = 0;
             continue;

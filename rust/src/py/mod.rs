@@ -455,9 +455,11 @@ impl NativeWorker {
         } else {
             Some(json::encode(result, "the handler's result")?)
         };
-        self.core()?.finish(Outcome::Done {
+        let core = self.core()?;
+        core.finish(Outcome::Done {
             seq,
             token,
+            org: core.org_of(seq),
             result: text,
         });
         Ok(())
@@ -479,9 +481,11 @@ impl NativeWorker {
                 crate::retry::default_job_retry_delay_ms(attempt, rand::random::<f64>() * 2.0 - 1.0)
             }
         };
-        self.core()?.finish(Outcome::Failed {
+        let core = self.core()?;
+        core.finish(Outcome::Failed {
             seq,
             token,
+            org: core.org_of(seq),
             error,
             delay_ms: delay,
         });

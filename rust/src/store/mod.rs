@@ -54,7 +54,8 @@ pub trait Store: Send + Sync + 'static {
     async fn has_due(&self) -> Result<bool>;
 
     async fn get_job(&self, org: &str, id: &str) -> Result<Option<JobRow>>;
-    /// The highest job seq (0 when empty): a listing's snapshot.
+    /// At least the highest committed job seq (0 when none was ever written): a listing's
+    /// snapshot (jobs enqueued after it are not listed).
     async fn max_seq(&self) -> Result<i64>;
     async fn list_jobs(&self, q: &ListQuery) -> Result<Vec<JobRow>>;
     /// dead -> pending with attempts 0; false (and no change) otherwise.

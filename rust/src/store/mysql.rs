@@ -361,7 +361,9 @@ impl MysqlStore {
         let mut failed: Vec<(i64, i64, String, i64)> = vec![];
         for o in outcomes {
             match o {
-                Outcome::Done { seq, token, result } => {
+                Outcome::Done {
+                    seq, token, result, ..
+                } => {
                     let too_big = result
                         .as_deref()
                         .is_some_and(|r| self.check_size("the result", r.len()).is_err());
@@ -387,6 +389,7 @@ impl MysqlStore {
                     token,
                     error,
                     delay_ms,
+                    ..
                 } => {
                     let mut e = error.clone();
                     let cap = self.budget.saturating_sub(1024).max(1024);

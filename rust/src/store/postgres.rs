@@ -54,7 +54,7 @@ const COPY_JOBS: &str =
 const UNIQUE_VIOLATION: &str = "23505";
 
 const JOB_COLS: &str =
-    "seq, org, id, type, payload::text, state, attempts, max_attempts, last_error, result::text, \
+    "seq, org, id, type, payload, state, attempts, max_attempts, last_error, result, \
      created_at, updated_at, run_at, finished_at";
 
 /// The empty poll: one read, two index seeks, whatever the number of lanes.
@@ -66,20 +66,20 @@ const PRECHECK: &str = concat!(
     ", false)"
 );
 
-/// Outcomes (done: $1-$3, failed: $4-$7), then, when $8, expired leases, then the lanes of
+/// Outcomes (done: $1-$3 and $9 orgs, failed: $4-$7 and $10 orgs), then, when $8, expired leases, then the lanes of
 /// every job that became pending again, in one statement. Each write is conditional on
 /// (seq, token, state running), so a stale holder's late outcome changes nothing.
 const OUTCOMES: &str = concat!(
     "WITH d AS (
        UPDATE gnl_jobs g SET
          state = CASE WHEN g.cancel_requested THEN 'canceled' ELSE 'done' END,
-         result = o.res::json, finished_at = ",
+         result = o.res, finished_at = ",
     now_ms!(),
     ", updated_at = ",
     now_ms!(),
     ", lease_expires_at = NULL, lease_owner = NULL
-       FROM unnest($1::bigint[], $2::bigint[], $3::text[]) AS o(seq, tok, res)
-       WHERE g.seq = o.seq AND g.lease_token = o.tok AND g.state = 'running'
+       FROM unnest($1::bigint[], $2::bigint[], $3::text[], $9::text[]) AS o(seq, tok, res, org)
+       WHERE g.org = o.org AND g.seq = o.seq AND g.lease_token = o.tok AND g.state = 'running'
        RETURNING g.seq
      ),
      f AS (
@@ -97,8 +97,9 @@ const OUTCOMES: &str = concat!(
                             THEN NULL ELSE ",
     now_ms!(),
     " END
-       FROM unnest($4::bigint[], $5::bigint[], $6::text[], $7::bigint[]) AS o(seq, tok, err, delay)
-       WHERE g.seq = o.seq AND g.lease_token = o.tok AND g.state = 'running'
+       FROM unnest($4::bigint[], $5::bigint[], $6::text[], $7::bigint[], $10::text[])
+            AS o(seq, tok, err, delay, org)
+       WHERE g.org = o.org AND g.seq = o.seq AND g.lease_token = o.tok AND g.state = 'running'
          AND g.seq <> ALL ($1::bigint[])
        RETURNING g.org, g.state, g.run_at
      ),
@@ -115,8 +116,8 @@ const OUTCOMES: &str = concat!(
          lease_expires_at = NULL, lease_owner = NULL, updated_at = ",
     now_ms!(),
     "
-       WHERE $8 AND g.seq IN (
-         SELECT e.seq FROM gnl_jobs e
+       WHERE $8 AND (g.org, g.seq) IN (
+         SELECT e.org, e.seq FROM gnl_jobs e
          WHERE e.state = 'running' AND e.lease_expires_at < ",
     now_ms!(),
     "
@@ -169,8 +170,8 @@ const CLAIM_JOBS: &str = concat!(
     " + $4, lease_owner = $5, updated_at = ",
     now_ms!(),
     "
-       FROM p WHERE g.seq = p.seq
-       RETURNING g.seq, g.lease_token, g.org, g.id, g.type, g.payload::text AS payload,
+       FROM p WHERE g.org = p.org AND g.seq = p.seq
+       RETURNING g.seq, g.lease_token, g.org, g.id, g.type, g.payload AS payload,
                  g.attempts, g.run_at, p.i
      ),
      s AS (
@@ -197,7 +198,7 @@ macro_rules! insert_jobs {
     () => {
         concat!(
             "INSERT INTO gnl_jobs (org, id, type, payload, run_at, state, created_at, updated_at)
-             SELECT u.o, u.i, u.t, u.p::json, coalesce(u.r, ",
+             SELECT u.o, u.i, u.t, u.p, coalesce(u.r, ",
             now_ms!(),
             " + u.d), 'pending', ",
             now_ms!(),
@@ -251,8 +252,8 @@ const RENEW: &str = concat!(
     "UPDATE gnl_jobs g SET lease_expires_at = ",
     now_ms!(),
     " + $3
-     FROM unnest($1::bigint[], $2::bigint[]) AS l(seq, tok)
-     WHERE g.seq = l.seq AND g.lease_token = l.tok AND g.state = 'running'
+     FROM unnest($1::bigint[], $2::bigint[], $4::text[]) AS l(seq, tok, org)
+     WHERE g.org = l.org AND g.seq = l.seq AND g.lease_token = l.tok AND g.state = 'running'
      RETURNING g.seq, g.cancel_requested"
 );
 
@@ -288,15 +289,15 @@ const CANCEL: &str = concat!(
 
 const STEP_PUT: &str = concat!(
     "WITH ins AS (
-       INSERT INTO gnl_steps (run_id, name, result, created_at) VALUES ($1, $2, $3::json, ",
+       INSERT INTO gnl_steps (run_id, name, result, created_at) VALUES ($1, $2, $3, ",
     now_ms!(),
     ")
        ON CONFLICT (run_id, name) DO NOTHING
-       RETURNING result::text
+       RETURNING result
      )
      SELECT result FROM ins
      UNION ALL
-     SELECT result::text FROM gnl_steps WHERE run_id = $1 AND name = $2
+     SELECT result FROM gnl_steps WHERE run_id = $1 AND name = $2
      LIMIT 1"
 );
 
@@ -406,18 +407,26 @@ impl PostgresStore {
     where
         E: Executor<'c, Database = Postgres>,
     {
-        let (mut d_seq, mut d_tok, mut d_res) = (vec![], vec![], vec![]);
-        let (mut f_seq, mut f_tok, mut f_err, mut f_delay) = (vec![], vec![], vec![], vec![]);
+        let (mut d_seq, mut d_tok, mut d_res, mut d_org) = (vec![], vec![], vec![], vec![]);
+        let (mut f_seq, mut f_tok, mut f_err, mut f_delay, mut f_org) =
+            (vec![], vec![], vec![], vec![], vec![]);
         for o in outcomes {
             match o {
-                Outcome::Done { seq, token, result } => {
+                Outcome::Done {
+                    seq,
+                    token,
+                    org,
+                    result,
+                } => {
                     d_seq.push(*seq);
                     d_tok.push(*token);
                     d_res.push(result.as_deref());
+                    d_org.push(org.as_str());
                 }
                 Outcome::Failed {
                     seq,
                     token,
+                    org,
                     error,
                     delay_ms,
                 } => {
@@ -425,6 +434,7 @@ impl PostgresStore {
                     f_tok.push(*token);
                     f_err.push(pg_text(error));
                     f_delay.push(*delay_ms);
+                    f_org.push(org.as_str());
                 }
             }
         }
@@ -438,6 +448,8 @@ impl PostgresStore {
             .bind(f_err)
             .bind(f_delay)
             .bind(reclaim)
+            .bind(d_org)
+            .bind(f_org)
             .fetch_one(ex)
             .await?;
         Ok(())
@@ -840,11 +852,13 @@ impl Store for PostgresStore {
         sorted.sort_by_key(|l| l.seq);
         let seqs: Vec<i64> = sorted.iter().map(|l| l.seq).collect();
         let toks: Vec<i64> = sorted.iter().map(|l| l.token).collect();
+        let orgs: Vec<&str> = sorted.iter().map(|l| l.org.as_str()).collect();
         self.counted(1);
         let rows: Vec<(i64, bool)> = sqlx::query_as(RENEW)
             .bind(seqs)
             .bind(toks)
             .bind(ttl_ms)
+            .bind(orgs)
             .fetch_all(&self.pool)
             .await?;
         let status: BTreeMap<i64, RenewStatus> = rows
@@ -885,11 +899,13 @@ impl Store for PostgresStore {
 
     async fn max_seq(&self) -> Result<i64> {
         self.counted(1);
-        Ok(
-            sqlx::query_scalar("SELECT coalesce(max(seq), 0)::bigint FROM gnl_jobs")
-                .fetch_one(&self.pool)
-                .await?,
+        // The identity's last value: at least the highest committed seq, read in O(1) (seq
+        // alone has no index: the key is (org, seq)). Seqs of rolled-back inserts count too.
+        Ok(sqlx::query_scalar(
+            "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('gnl_jobs', 'seq')::regclass), 0)",
         )
+        .fetch_one(&self.pool)
+        .await?)
     }
 
     async fn list_jobs(&self, q: &ListQuery) -> Result<Vec<JobRow>> {
@@ -954,13 +970,11 @@ impl Store for PostgresStore {
     async fn step_get(&self, run_id: &str, name: &str) -> Result<Option<String>> {
         self.counted(1);
         Ok(
-            sqlx::query_scalar(
-                "SELECT result::text FROM gnl_steps WHERE run_id = $1 AND name = $2",
-            )
-            .bind(run_id)
-            .bind(name)
-            .fetch_optional(&self.pool)
-            .await?,
+            sqlx::query_scalar("SELECT result FROM gnl_steps WHERE run_id = $1 AND name = $2")
+                .bind(run_id)
+                .bind(name)
+                .fetch_optional(&self.pool)
+                .await?,
         )
     }
 
@@ -1023,12 +1037,34 @@ pub(crate) mod suite {
         Outcome::Done {
             seq: j.seq,
             token: j.token,
+            org: j.org.clone(),
             result: Some(result.into()),
         }
     }
 
     async fn sleep_ms(ms: u64) {
         tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+
+    /// Every job in the store, counted page by page through the listing.
+    pub async fn count_jobs(s: &Arc<dyn Store>) -> usize {
+        let snapshot = s.max_seq().await.unwrap();
+        let (mut n, mut after) = (0, None);
+        loop {
+            let page = s
+                .list_jobs(&ListQuery {
+                    scope: ListScope::All,
+                    snapshot,
+                    after: after.clone(),
+                    limit: 10_000,
+                })
+                .await
+                .unwrap();
+            let Some(last) = page.last() else { break };
+            after = Some((last.org.clone(), last.seq));
+            n += page.len();
+        }
+        n
     }
 
     pub async fn lanes_are_served_in_turn(s: Arc<dyn Store>) {
@@ -1133,6 +1169,7 @@ pub(crate) mod suite {
                 &[LeaseRef {
                     seq: first.seq,
                     token: first.token,
+                    org: first.org.clone(),
                 }],
                 60_000,
             )
@@ -1146,6 +1183,7 @@ pub(crate) mod suite {
                 &[LeaseRef {
                     seq: second.seq,
                     token: second.token,
+                    org: second.org.clone(),
                 }],
                 60_000,
             )
@@ -1186,6 +1224,7 @@ pub(crate) mod suite {
         let fail = Outcome::Failed {
             seq: j.seq,
             token: j.token,
+            org: j.org.clone(),
             error: "boom".into(),
             delay_ms: 60_000,
         };
@@ -1206,6 +1245,7 @@ pub(crate) mod suite {
         let fail = Outcome::Failed {
             seq: j.seq,
             token: j.token,
+            org: j.org.clone(),
             error: "boom 1".into(),
             delay_ms: 1,
         };
@@ -1216,6 +1256,7 @@ pub(crate) mod suite {
         let fail = Outcome::Failed {
             seq: j.seq,
             token: j.token,
+            org: j.org.clone(),
             error: "boom 2 \u{1F600}".into(),
             delay_ms: 1,
         };
@@ -1238,7 +1279,7 @@ pub(crate) mod suite {
                 ..
             })
         ));
-        assert_eq!(s.max_seq().await.unwrap(), 0);
+        assert_eq!(count_jobs(&s).await, 0);
         jobs[0].max_depth = Some(3);
         s.enqueue(&jobs).await.unwrap();
         // Duplicates add nothing; a new job makes 4.
@@ -1284,27 +1325,10 @@ pub(crate) mod suite {
             })
             .collect();
         s.enqueue(&jobs).await.unwrap();
-        assert_eq!(s.max_seq().await.unwrap(), 100_000);
+        assert_eq!(count_jobs(&s).await, 100_000);
         // Again: every id is already there, nothing is added.
         s.enqueue(&jobs[..30_000]).await.unwrap();
-        let snap = s.max_seq().await.unwrap();
-        assert_eq!(snap, 100_000);
-        let mut n = 0;
-        let mut after = None;
-        loop {
-            let page = s
-                .list_jobs(&ListQuery {
-                    scope: ListScope::All,
-                    snapshot: snap,
-                    after: after.clone(),
-                    limit: 10_000,
-                })
-                .await
-                .unwrap();
-            let Some(last) = page.last() else { break };
-            after = Some((last.org.clone(), last.seq));
-            n += page.len();
-        }
+        let n = count_jobs(&s).await;
         assert_eq!(n, 100_000);
         let row = s.get_job("b", "import:99997").await.unwrap().unwrap();
         assert_eq!(
@@ -1323,7 +1347,7 @@ pub(crate) mod suite {
             })
             .collect();
         s.enqueue(&jobs).await.unwrap();
-        assert_eq!(s.max_seq().await.unwrap(), 40);
+        assert_eq!(count_jobs(&s).await, 40);
         let row = s.get_job("", "big39").await.unwrap().unwrap();
         assert_eq!(row.payload.len(), big.len());
         let got = s.claim(&[], &req(40, 60_000)).await.unwrap();
@@ -1356,6 +1380,7 @@ pub(crate) mod suite {
             .map(|j| Outcome::Failed {
                 seq: j.seq,
                 token: j.token,
+                org: j.org.clone(),
                 error: if j.id == "e1" {
                     "short".into()
                 } else {
@@ -1380,7 +1405,7 @@ pub(crate) mod suite {
         jobs.push(job("org ", "a"));
         jobs.push(job("", "a")); // repeated in the call: one job
         s.enqueue(&jobs).await.unwrap();
-        assert_eq!(s.max_seq().await.unwrap(), 10);
+        assert_eq!(count_jobs(&s).await, 10);
         for i in ids {
             assert_eq!(s.get_job("", i).await.unwrap().unwrap().id, i);
         }
@@ -1469,13 +1494,15 @@ pub(crate) mod suite {
         let lease = LeaseRef {
             seq: j.seq,
             token: j.token,
+            org: j.org.clone(),
         };
         let other = LeaseRef {
             seq: 999_999,
             token: 1,
+            org: String::new(),
         };
         assert_eq!(
-            s.renew(&[lease, other], 60_000).await.unwrap(),
+            s.renew(&[lease.clone(), other], 60_000).await.unwrap(),
             vec![RenewStatus::Held, RenewStatus::Lost]
         );
         assert!(s.cancel_job("l", "1", None).await.unwrap());

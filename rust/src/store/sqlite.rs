@@ -218,7 +218,9 @@ impl SqliteStore {
         let done: Vec<(i64, i64, Option<&str>)> = outcomes
             .iter()
             .filter_map(|o| match o {
-                Outcome::Done { seq, token, result } => Some((*seq, *token, result.as_deref())),
+                Outcome::Done {
+                    seq, token, result, ..
+                } => Some((*seq, *token, result.as_deref())),
                 _ => None,
             })
             .collect();
@@ -257,6 +259,7 @@ impl SqliteStore {
                 token,
                 error,
                 delay_ms,
+                ..
             } = o
             {
                 self.counted(1);
@@ -886,6 +889,7 @@ mod tests {
                 &[LeaseRef {
                     seq: first.seq,
                     token: first.token,
+                    org: first.org.clone(),
                 }],
                 60_000,
             )
@@ -895,6 +899,7 @@ mod tests {
         s.finish(&[Outcome::Done {
             seq: first.seq,
             token: first.token,
+            org: first.org.clone(),
             result: Some("1".into()),
         }])
         .await
@@ -903,6 +908,7 @@ mod tests {
         s.finish(&[Outcome::Done {
             seq: second.seq,
             token: second.token,
+            org: second.org.clone(),
             result: Some("2".into()),
         }])
         .await
@@ -936,6 +942,7 @@ mod tests {
         let fail = Outcome::Failed {
             seq: j.seq,
             token: j.token,
+            org: j.org.clone(),
             error: "boom".into(),
             delay_ms: 60_000,
         };
