@@ -187,6 +187,10 @@ fn job_row(r: &MySqlRow) -> JobRow {
     }
 }
 
+/// An enqueue's INSERT carries at most this many bytes of rows (fewer when the server's
+/// `max_allowed_packet` is smaller): more parts cost a round trip each, bigger ones memory.
+const ENQUEUE_PART_BYTES: usize = 256 << 10;
+
 /// Split `n` rows into statements: at most `MAX_PARAMS` placeholders and `budget` bytes each.
 /// A row bigger than the budget gets a statement of its own.
 fn plan(
@@ -719,7 +723,10 @@ impl Store for MysqlStore {
             .await?;
         let summary = jobs.lanes();
         let row_tail = format!(",'pending',{now},{now})");
-        for r in plan(jobs.len(), 5, self.budget, |i| jobs.text_len(i) + 8) {
+        // Parts of at most ENQUEUE_PART_BYTES: a part's statement and its encoded copy are
+        // what the call holds besides the batch.
+        let budget = self.budget.min(ENQUEUE_PART_BYTES);
+        for r in plan(jobs.len(), 5, budget, |i| jobs.text_len(i) + 8) {
             let mut q = Sql::new(
                 "INSERT INTO gnl_jobs (org, id, type, payload, run_at, state, created_at, updated_at) VALUES ",
             );
