@@ -172,6 +172,25 @@ async def test_already_enqueued_ids_are_one_job(storage: gnl.Storage) -> None:
     assert await job_count(storage) == 2
 
 
+async def test_a_big_call_with_taken_and_repeated_ids(storage: gnl.Storage) -> None:
+    """A big call (Postgres writes it with COPY) in which one id is taken and one repeats: the
+    first writer of each id keeps it, every other job is added, the ids come back as given."""
+    await gnl.enqueue(storage, "t", "original", id="row:1500")
+    jobs: list[Any] = [
+        {"type": "t", "payload": i, "options": {"id": f"row:{i}"}} for i in range(3_000)
+    ]
+    jobs[2_999] = {"type": "t", "payload": "again", "options": {"id": "row:7"}}
+    ids = await gnl.enqueue_many(storage.work, jobs)
+    assert all(got is job["options"]["id"] for got, job in zip(ids, jobs, strict=True))
+    assert await job_count(storage) == 2_999
+    taken = await gnl.get_job(storage, "row:1500")
+    assert taken is not None and taken.payload == "original"
+    repeated = await gnl.get_job(storage, "row:7")
+    assert repeated is not None and repeated.payload == 7
+    worker = gnl.create_worker(storage, {"t": noop}, concurrency=100)
+    assert (await worker.drain()).succeeded == 2_999
+
+
 async def test_max_depth_counts_the_calls_own_jobs(storage: gnl.Storage) -> None:
     await gnl.enqueue(storage, "t", None, org_id="acme")
     before = await all_jobs(storage)
