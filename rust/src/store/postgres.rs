@@ -576,7 +576,7 @@ impl Store for PostgresStore {
 
     async fn claim(&self, finished: &[Outcome], req: &ClaimRequest) -> Result<Vec<ClaimedJob>> {
         let mut reclaim = true;
-        if finished.is_empty() {
+        if finished.is_empty() && req.probe {
             // The empty poll: one read, whatever the number of lanes (both are index seeks).
             self.counted(1);
             let (due, expired): (bool, bool) =
@@ -783,6 +783,7 @@ pub(crate) mod suite {
             limit,
             ttl_ms,
             max_attempts: 2,
+            probe: true,
         }
     }
 
@@ -849,6 +850,33 @@ pub(crate) mod suite {
         assert_eq!(
             ids,
             vec!["k0", "k3", "k6", "k1", "k4", "k7", "k2", "k5", "k8", "j4", "j5"]
+        );
+    }
+
+    /// A claim without the probe (the worker's last claim came back full) claims what is due,
+    /// lanes in turn, and finds nothing (writing nothing) when nothing is due.
+    pub async fn a_claim_without_the_probe_claims_the_same(s: Arc<dyn Store>) {
+        let mut r = req(10, 60_000);
+        r.probe = false;
+        assert!(s.claim(&[], &r).await.unwrap().is_empty());
+        let jobs: Vec<NewJob> = (0..6)
+            .map(|i| job(["a", "b"][i % 2], &format!("j{i}")))
+            .collect();
+        s.enqueue(&jobs).await.unwrap();
+        r.limit = 4;
+        let got = s.claim(&[], &r).await.unwrap();
+        let ids: Vec<&str> = got.iter().map(|j| j.id.as_str()).collect();
+        assert_eq!(ids, vec!["j0", "j2", "j1", "j3"]);
+        let finished: Vec<Outcome> = got.iter().map(|j| done(j, "1")).collect();
+        let rest = s.claim(&finished, &r).await.unwrap();
+        assert_eq!(rest.len(), 2);
+        let finished: Vec<Outcome> = rest.iter().map(|j| done(j, "2")).collect();
+        assert!(s.claim(&finished, &r).await.unwrap().is_empty());
+        assert!(s.claim(&[], &r).await.unwrap().is_empty());
+        let row = s.get_job("a", "j4").await.unwrap().unwrap();
+        assert_eq!(
+            (row.state.as_str(), row.result.as_deref()),
+            ("done", Some("2"))
         );
     }
 
@@ -1354,6 +1382,7 @@ pub(crate) mod suite {
                         limit: 10,
                         ttl_ms: 60_000,
                         max_attempts: 5,
+                        probe: true,
                     };
                     let got = store.claim(&finished, &r).await.unwrap();
                     finished = got.iter().map(|j| done(j, "true")).collect();
@@ -1481,6 +1510,7 @@ mod tests {
         lanes_are_served_in_turn,
         lanes_alternate_however_fast_the_claims,
         a_batch_takes_lanes_in_turn_and_each_lane_in_order,
+        a_claim_without_the_probe_claims_the_same,
         an_empty_poll_is_one_query_whatever_the_lanes,
         a_stale_holder_cannot_write_after_a_reclaim,
         a_crash_on_the_last_attempt_dead_letters_the_job,
@@ -1676,6 +1706,7 @@ mod tests {
             lanes_are_served_in_turn,
             lanes_alternate_however_fast_the_claims,
             a_batch_takes_lanes_in_turn_and_each_lane_in_order,
+            a_claim_without_the_probe_claims_the_same,
             an_empty_poll_is_one_query_whatever_the_lanes,
             a_stale_holder_cannot_write_after_a_reclaim,
             a_crash_on_the_last_attempt_dead_letters_the_job,
