@@ -298,6 +298,10 @@ pub struct ClaimRequest {
     pub limit: usize,
     pub ttl_ms: i64,
     pub max_attempts: i64,
+    /// A claim that carries no outcomes first looks, with one cheap read, whether any job is
+    /// due or any lease expired (the empty poll). False skips that read, e.g. when the last
+    /// claim came back full: jobs are likely due, and the claim is one statement less.
+    pub probe: bool,
 }
 
 /// The end of one attempt, written conditionally on (seq, token). `org` is the job's

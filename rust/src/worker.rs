@@ -32,6 +32,8 @@ pub const MAX_RENEW_FAILURES: u32 = 3;
 struct Shared {
     store: Arc<dyn Store>,
     req: ClaimRequest,
+    /// The last claim came back full (jobs are likely due: the next one skips the probe).
+    full: AtomicBool,
     /// Held leases: seq -> fencing token.
     held: Mutex<HashMap<i64, i64>>,
     /// The organization of every job claimed and not finished yet: seq -> org.
@@ -65,6 +67,7 @@ impl WorkerCore {
         let shared = Arc::new(Shared {
             store,
             req,
+            full: AtomicBool::new(false),
             held: Mutex::new(HashMap::new()),
             orgs: Mutex::new(HashMap::new()),
             cancel_told: Mutex::new(HashSet::new()),
@@ -154,8 +157,10 @@ async fn claim(s: Arc<Shared>, n: usize) -> Result<Vec<ClaimedJob>> {
     let outcomes = std::mem::take(&mut *s.pending.lock().unwrap());
     let mut req = s.req.clone();
     req.limit = n;
+    req.probe = !s.full.load(Ordering::Relaxed);
     match s.store.claim(&outcomes, &req).await {
         Ok(jobs) => {
+            s.full.store(n > 0 && jobs.len() == n, Ordering::Relaxed);
             let mut held = s.held.lock().unwrap();
             let mut orgs = s.orgs.lock().unwrap();
             for j in &jobs {

@@ -413,6 +413,7 @@ impl NativeWorker {
             limit: 0,
             ttl_ms,
             max_attempts,
+            probe: true,
         };
         Ok(NativeWorker {
             core: Some(WorkerCore::start(

@@ -809,7 +809,7 @@ impl Store for MysqlStore {
         let since_start = (self.started.elapsed().as_millis() as u64).max(1);
         let last = self.last_reclaim.load(Ordering::Relaxed);
         let mut reclaim = last == 0 || since_start.saturating_sub(last) >= RECLAIM_EVERY_MS;
-        if finished.is_empty() {
+        if finished.is_empty() && req.probe {
             // The empty poll: one read, whatever the number of lanes (both are index seeks).
             self.counted(1);
             let (due, expired): (i64, i64) = sqlx::query_as(PRECHECK).fetch_one(&self.pool).await?;
@@ -1323,6 +1323,7 @@ mod tests {
         lanes_are_served_in_turn,
         lanes_alternate_however_fast_the_claims,
         a_batch_takes_lanes_in_turn_and_each_lane_in_order,
+        a_claim_without_the_probe_claims_the_same,
         an_empty_poll_is_one_query_whatever_the_lanes,
         a_stale_holder_cannot_write_after_a_reclaim,
         a_crash_on_the_last_attempt_dead_letters_the_job,

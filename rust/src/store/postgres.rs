@@ -66,131 +66,15 @@ const PRECHECK: &str = concat!(
     ", false)"
 );
 
-/// Outcomes (done: $1-$3 and $9 orgs, failed: $4-$7 and $10 orgs), then, when $8, expired leases, then the lanes of
-/// every job that became pending again, in one statement. Each write is conditional on
-/// (seq, token, state running), so a stale holder's late outcome changes nothing.
-const OUTCOMES: &str = concat!(
-    "WITH d AS (
-       UPDATE gnl_jobs g SET
-         state = CASE WHEN g.cancel_requested THEN 'canceled' ELSE 'done' END,
-         result = o.res, finished_at = ",
-    now_ms!(),
-    ", updated_at = ",
-    now_ms!(),
-    ", lease_expires_at = NULL, lease_owner = NULL
-       FROM unnest($1::bigint[], $2::bigint[], $3::text[], $9::text[]) AS o(seq, tok, res, org)
-       WHERE g.org = o.org AND g.seq = o.seq AND g.lease_token = o.tok AND g.state = 'running'
-       RETURNING g.seq
-     ),
-     f AS (
-       UPDATE gnl_jobs g SET
-         state = CASE WHEN g.cancel_requested THEN 'canceled'
-                      WHEN g.attempts >= g.max_attempts THEN 'dead' ELSE 'pending' END,
-         last_error = o.err, updated_at = ",
-    now_ms!(),
-    ", lease_expires_at = NULL, lease_owner = NULL,
-         run_at = CASE WHEN NOT g.cancel_requested AND g.attempts < g.max_attempts
-                       THEN ",
-    now_ms!(),
-    " + greatest(o.delay, 0) ELSE g.run_at END,
-         finished_at = CASE WHEN NOT g.cancel_requested AND g.attempts < g.max_attempts
-                            THEN NULL ELSE ",
-    now_ms!(),
-    " END
-       FROM unnest($4::bigint[], $5::bigint[], $6::text[], $7::bigint[], $10::text[])
-            AS o(seq, tok, err, delay, org)
-       WHERE g.org = o.org AND g.seq = o.seq AND g.lease_token = o.tok AND g.state = 'running'
-         AND g.seq <> ALL ($1::bigint[])
-       RETURNING g.org, g.state, g.run_at
-     ),
-     r AS (
-       UPDATE gnl_jobs g SET
-         state = CASE WHEN g.cancel_requested THEN 'canceled'
-                      WHEN g.attempts >= g.max_attempts THEN 'dead' ELSE 'pending' END,
-         last_error = 'lease expired: the worker ' || coalesce(g.lease_owner, '?') ||
-                      ' stopped renewing attempt ' || g.attempts || ' (crashed, stopped or cut off)',
-         finished_at = CASE WHEN NOT g.cancel_requested AND g.attempts < g.max_attempts
-                            THEN NULL ELSE ",
-    now_ms!(),
-    " END,
-         lease_expires_at = NULL, lease_owner = NULL, updated_at = ",
-    now_ms!(),
-    "
-       WHERE $8 AND (g.org, g.seq) IN (
-         SELECT e.org, e.seq FROM gnl_jobs e
-         WHERE e.state = 'running' AND e.lease_expires_at < ",
-    now_ms!(),
-    "
-           AND e.seq <> ALL ($1::bigint[]) AND e.seq <> ALL ($4::bigint[])
-         FOR UPDATE SKIP LOCKED)
-       RETURNING g.org, g.state, g.run_at
-     ),
-     ln AS (
-       INSERT INTO gnl_lanes (org, next_run_at, served_at)
-       SELECT x.org, min(x.run_at), 0
-       FROM (SELECT org, state, run_at FROM f UNION ALL SELECT org, state, run_at FROM r) x
-       WHERE x.state = 'pending' GROUP BY x.org ORDER BY x.org
-       ON CONFLICT (org) DO UPDATE SET next_run_at = least(gnl_lanes.next_run_at, excluded.next_run_at)
-     )
-     SELECT (SELECT count(*) FROM d), (SELECT count(*) FROM f), (SELECT count(*) FROM r)"
-);
-
-/// The lanes that waited longest among lanes with a due job, locked; busy ones are skipped.
-const CLAIM_LANES: &str = concat!(
-    "SELECT org FROM gnl_lanes WHERE next_run_at IS NOT NULL AND next_run_at <= ",
-    now_ms!(),
-    " ORDER BY served_at, org LIMIT $1 FOR UPDATE SKIP LOCKED"
-);
-
-/// Each locked lane's oldest due jobs ($1 lanes in turn order, $2 their shares), marked
-/// running with a new fencing token; then the served lanes' turn tickets (in the order they
-/// were served; tickets strictly increase, so claims within one millisecond do not tie, and
-/// stay near the store's clock in 1/4096 ms, so a new lane's ticket 0 sorts first) and the
-/// `next_run_at` of every lane the claim looked at. It runs
-/// after CLAIM_LANES (its own statement, so its snapshot sees every job committed before the
-/// lanes were locked: a job enqueued later lowers the lane's bound after this commit).
-const CLAIM_JOBS: &str = concat!(
-    "WITH l AS (
-       SELECT u.org, u.share, (u.n - 1) AS i
-       FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS u(org, share, n)
-     ),
-     p AS (
-       SELECT j.seq, l.org, l.i FROM l CROSS JOIN LATERAL (
-         SELECT g.seq FROM gnl_jobs g
-         WHERE g.org = l.org AND g.state = 'pending' AND g.run_at <= ",
-    now_ms!(),
-    "
-         ORDER BY g.run_at, g.seq LIMIT l.share
-         FOR UPDATE SKIP LOCKED) j
-     ),
-     c AS (
-       UPDATE gnl_jobs g SET state = 'running', attempts = g.attempts + 1, max_attempts = $3,
-         lease_token = g.lease_token + 1, lease_expires_at = ",
-    now_ms!(),
-    " + $4, lease_owner = $5, updated_at = ",
-    now_ms!(),
-    "
-       FROM p WHERE g.org = p.org AND g.seq = p.seq
-       RETURNING g.seq, g.lease_token, g.org, g.id, g.type, g.payload AS payload,
-                 g.attempts, g.run_at, p.i
-     ),
-     s AS (
-       UPDATE gnl_lanes x SET
-         served_at = CASE WHEN EXISTS (SELECT 1 FROM p WHERE p.org = x.org)
-                          THEN (SELECT greatest(",
-    now_ms!(),
-    " * 4096, coalesce(max(m.served_at), 0) + 1) FROM gnl_lanes m)
-                               + (SELECT count(DISTINCT p2.org) FROM p p2 WHERE p2.i < l.i)
-                          ELSE x.served_at END,
-         next_run_at = (SELECT g.run_at FROM gnl_jobs g
-                        WHERE g.org = x.org AND g.state = 'pending'
-                          AND g.seq <> ALL (ARRAY(SELECT p.seq FROM p))
-                        ORDER BY g.run_at LIMIT 1)
-       FROM l WHERE x.org = l.org
-     )
-     SELECT seq, lease_token, org, id, type, payload, attempts, run_at FROM c
-     ORDER BY i, run_at, seq"
-);
+/// A claim in one round trip (`gnl_claim`, migration 0002): outcomes (done: $1-$3 and $13
+/// orgs, failed: $4-$7 and $14 orgs), then, when $8, expired leases, then up to $9 due jobs, lanes in turn, claimed with
+/// max_attempts $10, a lease of $11 ms and holder $12 ($9 = 0: no claim). Each outcome is
+/// conditional on (seq, token, state running), so a stale holder's late outcome changes
+/// nothing. Called as one statement it is one transaction; inside it every statement takes a
+/// fresh snapshot, so the job claim (after the lane pick) sees every job committed before the
+/// lanes were locked (see the migration).
+const CLAIM: &str = "SELECT seq, lease_token, org, id, type, payload, attempts, run_at \
+     FROM gnl_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)";
 
 /// The jobs of an enqueue from six arrays ($1 org, $2 id, $3 type, $4 payload, $5 run_at,
 /// $6 delay_ms); an id already present is skipped.
@@ -402,11 +286,15 @@ impl PostgresStore {
         Ok(())
     }
 
-    /// Write outcomes and (when `reclaim`) take back expired leases, in one statement.
-    async fn write_outcomes<'c, E>(&self, ex: E, outcomes: &[Outcome], reclaim: bool) -> Result<()>
-    where
-        E: Executor<'c, Database = Postgres>,
-    {
+    /// Write outcomes, (when `reclaim`) take back expired leases, and claim up to `limit` jobs,
+    /// in one statement (`gnl_claim`).
+    async fn claim_call(
+        &self,
+        outcomes: &[Outcome],
+        reclaim: bool,
+        limit: usize,
+        req: Option<&ClaimRequest>,
+    ) -> Result<Vec<ClaimedJob>> {
         let (mut d_seq, mut d_tok, mut d_res, mut d_org) = (vec![], vec![], vec![], vec![]);
         let (mut f_seq, mut f_tok, mut f_err, mut f_delay, mut f_org) =
             (vec![], vec![], vec![], vec![], vec![]);
@@ -438,8 +326,12 @@ impl PostgresStore {
                 }
             }
         }
+        let (max_attempts, ttl_ms, owner) = match req {
+            Some(r) => (r.max_attempts, r.ttl_ms, pg_text(&r.owner)),
+            None => (0, 0, Cow::Borrowed("")),
+        };
         self.counted(1);
-        sqlx::query(OUTCOMES)
+        let rows = sqlx::query(CLAIM)
             .bind(d_seq)
             .bind(d_tok)
             .bind(d_res)
@@ -448,11 +340,27 @@ impl PostgresStore {
             .bind(f_err)
             .bind(f_delay)
             .bind(reclaim)
+            .bind(limit as i64)
+            .bind(max_attempts)
+            .bind(ttl_ms)
+            .bind(owner)
             .bind(d_org)
             .bind(f_org)
-            .fetch_one(ex)
+            .fetch_all(&self.pool)
             .await?;
-        Ok(())
+        Ok(rows
+            .iter()
+            .map(|r| ClaimedJob {
+                seq: r.get(0),
+                token: r.get(1),
+                org: r.get(2),
+                id: r.get(3),
+                typ: r.get(4),
+                payload: r.get(5),
+                attempt: r.get(6),
+                run_at: r.get(7),
+            })
+            .collect())
     }
 }
 
@@ -781,7 +689,7 @@ impl Store for PostgresStore {
 
     async fn claim(&self, finished: &[Outcome], req: &ClaimRequest) -> Result<Vec<ClaimedJob>> {
         let mut reclaim = true;
-        if finished.is_empty() {
+        if finished.is_empty() && req.probe {
             // The empty poll: one read, whatever the number of lanes (both are index seeks).
             self.counted(1);
             let (due, expired): (bool, bool) =
@@ -791,49 +699,8 @@ impl Store for PostgresStore {
             }
             reclaim = expired;
         }
-        let mut tx = self.begin().await?;
-        if !finished.is_empty() || reclaim {
-            self.write_outcomes(&mut *tx, finished, reclaim).await?;
-        }
-        let mut out = Vec::new();
-        if req.limit > 0 {
-            self.counted(1);
-            let lanes: Vec<String> = sqlx::query_scalar(CLAIM_LANES)
-                .bind(req.limit as i64)
-                .fetch_all(&mut *tx)
-                .await?;
-            if !lanes.is_empty() {
-                // Lanes in turn: each gets an equal share of the batch, the first ones the rest.
-                let n = lanes.len();
-                let shares: Vec<i64> = (0..n)
-                    .map(|i| (req.limit / n + usize::from(i < req.limit % n)) as i64)
-                    .collect();
-                self.counted(1);
-                let rows = sqlx::query(CLAIM_JOBS)
-                    .bind(&lanes)
-                    .bind(shares)
-                    .bind(req.max_attempts)
-                    .bind(req.ttl_ms)
-                    .bind(pg_text(&req.owner))
-                    .fetch_all(&mut *tx)
-                    .await?;
-                out = rows
-                    .iter()
-                    .map(|r| ClaimedJob {
-                        seq: r.get(0),
-                        token: r.get(1),
-                        org: r.get(2),
-                        id: r.get(3),
-                        typ: r.get(4),
-                        payload: r.get(5),
-                        attempt: r.get(6),
-                        run_at: r.get(7),
-                    })
-                    .collect();
-            }
-        }
-        self.commit(tx).await?;
-        Ok(out)
+        self.claim_call(finished, reclaim, req.limit, Some(req))
+            .await
     }
 
     async fn finish(&self, outcomes: &[Outcome]) -> Result<()> {
@@ -841,7 +708,8 @@ impl Store for PostgresStore {
             return Ok(());
         }
         // One statement: its own transaction.
-        self.write_outcomes(&self.pool, outcomes, false).await
+        self.claim_call(outcomes, false, 0, None).await?;
+        Ok(())
     }
 
     async fn renew(&self, leases: &[LeaseRef], ttl_ms: i64) -> Result<Vec<RenewStatus>> {
@@ -1030,6 +898,7 @@ pub(crate) mod suite {
             limit,
             ttl_ms,
             max_attempts: 2,
+            probe: true,
         }
     }
 
@@ -1118,6 +987,33 @@ pub(crate) mod suite {
         assert_eq!(
             ids,
             vec!["k0", "k3", "k6", "k1", "k4", "k7", "k2", "k5", "k8", "j4", "j5"]
+        );
+    }
+
+    /// A claim without the probe (the worker's last claim came back full) claims what is due,
+    /// lanes in turn, and finds nothing (writing nothing) when nothing is due.
+    pub async fn a_claim_without_the_probe_claims_the_same(s: Arc<dyn Store>) {
+        let mut r = req(10, 60_000);
+        r.probe = false;
+        assert!(s.claim(&[], &r).await.unwrap().is_empty());
+        let jobs: Vec<NewJob> = (0..6)
+            .map(|i| job(["a", "b"][i % 2], &format!("j{i}")))
+            .collect();
+        s.enqueue(&jobs).await.unwrap();
+        r.limit = 4;
+        let got = s.claim(&[], &r).await.unwrap();
+        let ids: Vec<&str> = got.iter().map(|j| j.id.as_str()).collect();
+        assert_eq!(ids, vec!["j0", "j2", "j1", "j3"]);
+        let finished: Vec<Outcome> = got.iter().map(|j| done(j, "1")).collect();
+        let rest = s.claim(&finished, &r).await.unwrap();
+        assert_eq!(rest.len(), 2);
+        let finished: Vec<Outcome> = rest.iter().map(|j| done(j, "2")).collect();
+        assert!(s.claim(&finished, &r).await.unwrap().is_empty());
+        assert!(s.claim(&[], &r).await.unwrap().is_empty());
+        let row = s.get_job("a", "j4").await.unwrap().unwrap();
+        assert_eq!(
+            (row.state.as_str(), row.result.as_deref()),
+            ("done", Some("2"))
         );
     }
 
@@ -1651,6 +1547,7 @@ pub(crate) mod suite {
                         limit: 10,
                         ttl_ms: 60_000,
                         max_attempts: 5,
+                        probe: true,
                     };
                     let got = store.claim(&finished, &r).await.unwrap();
                     finished = got.iter().map(|j| done(j, "true")).collect();
@@ -1778,6 +1675,7 @@ mod tests {
         lanes_are_served_in_turn,
         lanes_alternate_however_fast_the_claims,
         a_batch_takes_lanes_in_turn_and_each_lane_in_order,
+        a_claim_without_the_probe_claims_the_same,
         an_empty_poll_is_one_query_whatever_the_lanes,
         a_stale_holder_cannot_write_after_a_reclaim,
         a_crash_on_the_last_attempt_dead_letters_the_job,
@@ -1974,6 +1872,7 @@ mod tests {
             lanes_are_served_in_turn,
             lanes_alternate_however_fast_the_claims,
             a_batch_takes_lanes_in_turn_and_each_lane_in_order,
+            a_claim_without_the_probe_claims_the_same,
             an_empty_poll_is_one_query_whatever_the_lanes,
             a_stale_holder_cannot_write_after_a_reclaim,
             a_crash_on_the_last_attempt_dead_letters_the_job,

@@ -508,7 +508,7 @@ impl Store for SqliteStore {
     async fn claim(&self, finished: &[Outcome], req: &ClaimRequest) -> Result<Vec<ClaimedJob>> {
         let now = clock_ms();
         let mut expired = false;
-        if finished.is_empty() {
+        if finished.is_empty() && req.probe {
             // The empty poll: one read, whatever the number of lanes (both are index seeks).
             self.counted(1);
             let (next_due, next_expiry): (Option<i64>, Option<i64>) = sqlx::query_as(
@@ -833,6 +833,7 @@ mod tests {
             limit,
             ttl_ms,
             max_attempts: 2,
+            probe: true,
         }
     }
 

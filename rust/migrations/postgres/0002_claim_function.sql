@@ -1,0 +1,155 @@
+-- gnl schema 2 (Postgres): a claim in one round trip.
+--
+-- gnl_claim writes a worker's finished outcomes, takes back expired leases and claims due jobs,
+-- lanes in turn, in one call (one statement from the client, one implicit transaction). It
+-- replaces BEGIN, the outcomes statement, the lane pick, the job claim and COMMIT, which were
+-- five round trips.
+--
+-- It is VOLATILE: in READ COMMITTED each of its statements takes a fresh snapshot, as separate
+-- client statements did. The job claim needs that: it runs after the lanes are locked, so it
+-- sees every job committed before, and the lane's next_run_at it writes cannot pass over a job
+-- enqueued earlier; an enqueue that commits later waits for the lane's lock and then lowers the
+-- bound (least()).
+--
+-- Lock order, as everywhere: job rows first (outcomes, expired leases), then lane rows (sorted
+-- by org). Lanes and pending jobs are taken with SKIP LOCKED only, so a claim never waits.
+--
+-- Outcomes look their jobs up by (org, seq) (the primary key). Their "still running" check is written
+-- coalesce(state = 'running', false) so that the planner cannot prove the lease index's
+-- predicate from it: that partial index keeps an entry for every job that ever ran until
+-- vacuum removes it, and a plan through it (a bitmap of every running-or-once-running row)
+-- costs more with every job done. Expired leases are first looked for with an ordered min()
+-- (an index scan, which skips and marks dead entries), and taken back only when one exists.
+
+CREATE FUNCTION gnl_claim(
+    d_seq bigint[], d_tok bigint[], d_res text[],                 -- done: seq, token, result
+    f_seq bigint[], f_tok bigint[], f_err text[], f_delay bigint[], -- failed: ..., error, retry delay
+    reclaim boolean,                                             -- take back expired leases
+    lim bigint, max_att bigint, ttl bigint, holder text,         -- the claim (lim 0: none)
+    d_org text[], f_org text[])                                  -- the outcomes' organizations
+RETURNS TABLE (seq bigint, lease_token bigint, org text, id text, type text, payload text,
+               attempts bigint, run_at bigint)
+LANGUAGE plpgsql VOLATILE
+AS $fn$
+#variable_conflict use_column
+DECLARE
+    now_ms bigint := floor(extract(epoch from statement_timestamp()) * 1000)::bigint;
+    lanes text[];
+    nl bigint;
+BEGIN
+    -- Outcomes. Each write is conditional on (seq, token, state running): a stale holder's
+    -- late outcome changes nothing.
+    IF cardinality(d_seq) > 0 THEN
+        UPDATE gnl_jobs g SET
+            state = CASE WHEN g.cancel_requested THEN 'canceled' ELSE 'done' END,
+            result = o.res, finished_at = now_ms, updated_at = now_ms,
+            lease_expires_at = NULL, lease_owner = NULL
+        FROM unnest(d_seq, d_tok, d_res, d_org) AS o(seq, tok, res, org)
+        WHERE g.org = o.org AND g.seq = o.seq AND g.lease_token = o.tok AND coalesce(g.state = 'running', false);
+    END IF;
+    IF cardinality(f_seq) > 0 THEN
+        WITH f AS (
+            UPDATE gnl_jobs g SET
+                state = CASE WHEN g.cancel_requested THEN 'canceled'
+                             WHEN g.attempts >= g.max_attempts THEN 'dead' ELSE 'pending' END,
+                last_error = o.err, updated_at = now_ms,
+                lease_expires_at = NULL, lease_owner = NULL,
+                run_at = CASE WHEN NOT g.cancel_requested AND g.attempts < g.max_attempts
+                              THEN now_ms + greatest(o.delay, 0) ELSE g.run_at END,
+                finished_at = CASE WHEN NOT g.cancel_requested AND g.attempts < g.max_attempts
+                                   THEN NULL ELSE now_ms END
+            FROM unnest(f_seq, f_tok, f_err, f_delay, f_org) AS o(seq, tok, err, delay, org)
+            WHERE g.org = o.org AND g.seq = o.seq AND g.lease_token = o.tok AND coalesce(g.state = 'running', false)
+            RETURNING g.org, g.state, g.run_at
+        )
+        INSERT INTO gnl_lanes AS x (org, next_run_at, served_at)
+        SELECT f.org, min(f.run_at), 0 FROM f WHERE f.state = 'pending'
+        GROUP BY f.org ORDER BY f.org
+        ON CONFLICT (org) DO UPDATE SET next_run_at = least(x.next_run_at, excluded.next_run_at);
+    END IF;
+    -- Expired leases (their holders stopped renewing): due again at once, or dead.
+    IF reclaim AND (SELECT min(e.lease_expires_at) FROM gnl_jobs e WHERE e.state = 'running')
+                   < now_ms THEN
+        WITH r AS (
+            UPDATE gnl_jobs g SET
+                state = CASE WHEN g.cancel_requested THEN 'canceled'
+                             WHEN g.attempts >= g.max_attempts THEN 'dead' ELSE 'pending' END,
+                last_error = 'lease expired: the worker ' || coalesce(g.lease_owner, '?') ||
+                             ' stopped renewing attempt ' || g.attempts ||
+                             ' (crashed, stopped or cut off)',
+                finished_at = CASE WHEN NOT g.cancel_requested AND g.attempts < g.max_attempts
+                                   THEN NULL ELSE now_ms END,
+                lease_expires_at = NULL, lease_owner = NULL, updated_at = now_ms
+            FROM (SELECT e.org, e.seq FROM gnl_jobs e
+                  WHERE e.state = 'running' AND e.lease_expires_at < now_ms
+                  FOR UPDATE SKIP LOCKED) e
+            WHERE g.org = e.org AND g.seq = e.seq
+              AND g.state = 'running' AND g.lease_expires_at < now_ms
+            RETURNING g.org, g.state, g.run_at
+        )
+        INSERT INTO gnl_lanes AS x (org, next_run_at, served_at)
+        SELECT r.org, min(r.run_at), 0 FROM r WHERE r.state = 'pending'
+        GROUP BY r.org ORDER BY r.org
+        ON CONFLICT (org) DO UPDATE SET next_run_at = least(x.next_run_at, excluded.next_run_at);
+    END IF;
+    IF lim <= 0 THEN
+        RETURN;
+    END IF;
+
+    -- The lanes that waited longest among lanes with a due job, locked; busy ones are skipped.
+    SELECT array_agg(l.org ORDER BY l.served_at, l.org) INTO lanes FROM (
+        SELECT x.org, x.served_at FROM gnl_lanes x
+        WHERE x.next_run_at IS NOT NULL AND x.next_run_at <= now_ms
+        ORDER BY x.served_at, x.org LIMIT lim
+        FOR UPDATE SKIP LOCKED) l;
+    IF lanes IS NULL THEN
+        RETURN;
+    END IF;
+    nl := cardinality(lanes);
+
+    -- Each locked lane's oldest due jobs (an equal share of the batch each, the first lanes
+    -- the rest), marked running with a new fencing token. Then the lanes: a lane that got a
+    -- job gets the next turn ticket (tickets strictly increase, in the order the lanes were
+    -- served, so claims within one millisecond do not tie; they stay near the store's clock in
+    -- 1/4096 ms, so a new lane's ticket 0 sorts first; a lane that got nothing keeps its
+    -- ticket). Every locked lane's next_run_at becomes its earliest pending run_at (NULL:
+    -- nothing pending).
+    RETURN QUERY
+    WITH l AS (
+        SELECT u.org, lim / nl + (u.n <= lim % nl)::int AS share, u.n - 1 AS i
+        FROM unnest(lanes) WITH ORDINALITY AS u(org, n)
+    ),
+    p AS (
+        SELECT j.seq, l.org, l.i FROM l CROSS JOIN LATERAL (
+            SELECT g.seq FROM gnl_jobs g
+            WHERE g.org = l.org AND g.state = 'pending' AND g.run_at <= now_ms
+            ORDER BY g.run_at, g.seq LIMIT l.share
+            FOR UPDATE SKIP LOCKED) j
+    ),
+    c AS (
+        UPDATE gnl_jobs g SET state = 'running', attempts = g.attempts + 1,
+            max_attempts = max_att, lease_token = g.lease_token + 1,
+            lease_expires_at = now_ms + ttl, lease_owner = holder, updated_at = now_ms
+        FROM p WHERE g.org = p.org AND g.seq = p.seq
+        RETURNING g.seq, g.lease_token, g.org, g.id, g.type, g.payload,
+                  g.attempts, g.run_at, p.i
+    ),
+    k AS (
+        SELECT DISTINCT p.i FROM p
+    ),
+    s AS (
+        UPDATE gnl_lanes x SET
+            served_at = CASE WHEN k.i IS NULL THEN x.served_at ELSE
+                (SELECT greatest(now_ms * 4096, coalesce(max(m.served_at), 0) + 1)
+                 FROM gnl_lanes m) + l.i END,
+            next_run_at = (SELECT g.run_at FROM gnl_jobs g
+                           WHERE g.org = x.org AND g.state = 'pending'
+                             AND g.seq <> ALL (ARRAY(SELECT p.seq FROM p))
+                           ORDER BY g.run_at LIMIT 1)
+        FROM l LEFT JOIN k ON k.i = l.i
+        WHERE x.org = ANY (lanes) AND x.org = l.org
+    )
+    SELECT c.seq, c.lease_token, c.org, c.id, c.type, c.payload, c.attempts, c.run_at
+    FROM c ORDER BY c.i, c.run_at, c.seq;
+END
+$fn$;
