@@ -313,16 +313,22 @@ class Worker:
 
     def _want(self) -> int:
         """How many jobs to claim now: the free slots, and the slots expected to free up
-        before this claim's answer comes back (prefetch), less the jobs claimed ahead."""
+        before this claim's answer comes back (prefetch), less the jobs claimed ahead. Jobs
+        claimed ahead count as started when a slot is free for them (``_fill`` starts them
+        right after the claim goes out)."""
         c = self.concurrency
         running = len(self._tasks)
+        ready = len(self._ready)
+        starting = min(ready, c - running)
+        running += starting
+        ready -= starting
         ahead = 0
         hold = self._hold_s
         if hold is not None and running:
             claim = self._claim_s
             expected = running if hold <= claim else running * claim / hold
             ahead = min(c, int(expected + 0.5))
-        return min(c, c - running + ahead - len(self._ready))
+        return min(c, c - running + ahead - ready)
 
     async def _pump(self, drain: bool) -> None:
         """Claim while there is room; with ``drain``, until no job is due.
@@ -342,12 +348,16 @@ class Worker:
         while drain or not self._stopping:
             want = self._want()
             if want <= 0:
+                self._fill()
                 await self._wait_slot()
                 continue
             self._claiming = True
             t0 = loop.time()
             try:
-                jobs = await native.claim(want)
+                # The claim goes out first (a native task), then the jobs of the last one start.
+                claimed = native.claim(want)
+                self._fill()
+                jobs = await claimed
             except StoreUnavailableError as e:
                 if drain:
                     raise
@@ -376,7 +386,6 @@ class Worker:
                 interval = self.poll_ms
                 busy_wait = 0.005
                 self._ready.extend(jobs)
-                self._fill()
                 continue
             if not drain:
                 await self._sleep(interval)
