@@ -113,8 +113,9 @@ async def gnl_drain(
     res = await worker.drain()
     dt = time.perf_counter() - t0
     queries = storage.query_count - q0
-    if wrap is not None:
-        worker._native = wrap._native
+    # drain() closed its native half and let go of it (the wrapper included): nothing to
+    # restore. (Putting the closed handle back made stop() try to flush it.)
+    assert worker._native is None
     await worker.stop()
     await storage.close()
     n = len(jobs)

@@ -14,6 +14,7 @@ import logging
 import os
 import secrets
 import socket
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
@@ -31,6 +32,12 @@ log = logging.getLogger("gnl")
 
 #: ``async def handler(payload, ctx) -> JSON | None``
 Handler = Callable[[Any, "JobContext"], Awaitable[Any]]
+
+#: A claimed job: (seq, token, org_id, id, type, payload_json, attempt).
+ClaimedJob = tuple[int, int, str | None, str, str, str, int]
+
+#: The weight of the newest sample in the moving averages of handler and claim times.
+_EWMA = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,13 +178,24 @@ class Worker:
         self.retry_delay_ms = retry_delay_ms
         self.name = name or _default_name()
         self._native: _native.NativeWorker | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._active: dict[int, JobContext] = {}
+        # Jobs claimed ahead (prefetched), not started yet, in claim order; and the
+        # revocations (seq -> why) that reached some of them before they started.
+        self._ready: deque[ClaimedJob] = deque()
+        self._revoked: dict[int, str] = {}
         self._slot = asyncio.Event()
         self._wake = asyncio.Event()
         self._stopping = False
         self._draining = False
+        self._claiming = False  # a claim is in flight
+        self._waiting_slot = False  # the claim loop waits for a handler to end
+        self._kick_due = False  # a _kick is scheduled
+        # Moving averages: how long a handler runs, how long a claim takes (seconds).
+        self._hold_s: float | None = None
+        self._claim_s = 0.0
         self._counts = [0, 0, 0]  # processed, succeeded, failed
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -194,6 +212,7 @@ class Worker:
                 self._on_log,
                 loop,
             )
+            self._loop = loop
         return self._native
 
     @property
@@ -216,14 +235,16 @@ class Worker:
         self._ensure_native()
         self._stopping = False
         self._loop_task = asyncio.get_running_loop().create_task(
-            self._poll_loop(), name=f"gnl-worker-{self.name}"
+            self._pump(drain=False), name=f"gnl-worker-{self.name}"
         )
 
     async def stop(self) -> None:
-        """Stop claiming, wait for running handlers to return and their outcomes to be
-        written. Releases nothing early. Idempotent."""
+        """Stop claiming, wait for the handlers of the jobs this worker has claimed (running,
+        or claimed ahead to start next) to return and their outcomes to be written. Releases
+        nothing early. Idempotent."""
         self._stopping = True
         self._wake.set()
+        self._slot.set()
         if self._loop_task is not None:
             await self._loop_task
             self._loop_task = None
@@ -261,27 +282,8 @@ class Worker:
         self._slot = asyncio.Event()  # bound to this call's loop
         native = self._ensure_native()
         before = list(self._counts)
-        busy_wait = 0.005
         try:
-            while True:
-                free = self.concurrency - len(self._tasks)
-                jobs = await native.claim(free) if free > 0 else []
-                for job in jobs:
-                    self._spawn(job)
-                if jobs:
-                    busy_wait = 0.005
-                    await asyncio.sleep(0)
-                    continue
-                if not self._tasks:
-                    # An empty claim while some lane is due met lanes that concurrent claims
-                    # (other workers, Postgres/MySQL SKIP LOCKED) held: try again shortly.
-                    if not await native.has_due():
-                        break
-                    await asyncio.sleep(busy_wait)
-                    busy_wait = min(busy_wait * 2, 0.2)
-                    continue
-                self._slot.clear()
-                await self._slot.wait()
+            await self._pump(drain=True)
             await native.flush()
         finally:
             await self._settle()
@@ -294,7 +296,12 @@ class Worker:
         return DrainResult(c[0] - before[0], c[1] - before[1], c[2] - before[2])
 
     async def _settle(self) -> None:
-        if self._tasks:
+        # Every job this worker claimed runs before this returns: the running ones, then
+        # those claimed ahead, which start as slots free.
+        while self._tasks or self._ready:
+            if not self._tasks:
+                self._fill()
+                continue
             await asyncio.gather(*self._tasks.values(), return_exceptions=True)
         if self._native is not None:
             try:
@@ -302,22 +309,58 @@ class Worker:
             except GnlError as e:
                 log.warning("gnl worker %s: could not write job outcomes: %s", self.name, e)
 
-    # -- poll loop -----------------------------------------------------------------------
+    # -- the claim loop ------------------------------------------------------------------
 
-    async def _poll_loop(self) -> None:
-        native = self._ensure_native()
+    def _want(self) -> int:
+        """How many jobs to claim now: the free slots, and the slots expected to free up
+        before this claim's answer comes back (prefetch), less the jobs claimed ahead. Jobs
+        claimed ahead count as started when a slot is free for them (``_fill`` starts them
+        right after the claim goes out)."""
+        c = self.concurrency
+        running = len(self._tasks)
+        ready = len(self._ready)
+        starting = min(ready, c - running)
+        running += starting
+        ready -= starting
+        ahead = 0
+        hold = self._hold_s
+        if hold is not None and running:
+            claim = self._claim_s
+            expected = running if hold <= claim else running * claim / hold
+            ahead = min(c, int(expected + 0.5))
+        return min(c, c - running + ahead - ready)
+
+    async def _pump(self, drain: bool) -> None:
+        """Claim while there is room; with ``drain``, until no job is due.
+
+        The next claim goes out while the handlers of the last one run (the store and Python
+        work at the same time): it asks for the free slots and for the slots expected to free
+        up before its answer comes back, i.e. the handlers that run shorter than a claim.
+        Jobs claimed ahead wait in ``_ready`` (renewed like running ones) and start, in claim
+        order, as slots free; a worker with long handlers claims ahead (almost) nothing.
+        """
+        native = self._native
+        assert native is not None
+        loop = asyncio.get_running_loop()
         interval = self.poll_ms
         backoff = self.poll_ms
-        while not self._stopping:
-            free = self.concurrency - len(self._tasks)
-            if free <= 0:
-                self._slot.clear()
-                await self._slot.wait()
-                await asyncio.sleep(0)  # let handlers that finish together free their slots
+        busy_wait = 0.005
+        while drain or not self._stopping:
+            want = self._want()
+            if want <= 0:
+                self._fill()
+                await self._wait_slot()
                 continue
+            self._claiming = True
+            t0 = loop.time()
             try:
-                jobs = await native.claim(free)
+                # The claim goes out first (a native task), then the jobs of the last one start.
+                claimed = native.claim(want)
+                self._fill()
+                jobs = await claimed
             except StoreUnavailableError as e:
+                if drain:
+                    raise
                 log.warning(
                     "gnl worker %s: store unavailable, retrying in %d ms: %s", self.name, backoff, e
                 )
@@ -325,20 +368,49 @@ class Worker:
                 backoff = min(backoff * 2, max(self.max_poll_ms, 5_000))
                 continue
             except GnlError as e:
+                if drain:
+                    raise
                 log.error(
                     "gnl worker %s: claim failed, retrying in %d ms: %s", self.name, interval, e
                 )
                 await self._sleep(interval)
                 continue
+            finally:
+                self._claiming = False
+            dt = loop.time() - t0
+            self._claim_s = (
+                dt if self._claim_s == 0.0 else self._claim_s + _EWMA * (dt - self._claim_s)
+            )
             backoff = self.poll_ms
             if jobs:
                 interval = self.poll_ms
-                for job in jobs:
-                    self._spawn(job)
-                await asyncio.sleep(0)
-            else:
+                busy_wait = 0.005
+                self._ready.extend(jobs)
+                continue
+            if not drain:
                 await self._sleep(interval)
                 interval = min(interval * 2, self.max_poll_ms)
+            elif self._tasks or self._ready:
+                # A handler that fails may make its job due again: look once it has ended.
+                await self._wait_slot()
+            elif await native.flush():
+                # Outcomes that were still waiting (a failed attempt may be due again).
+                continue
+            elif await native.has_due():
+                # An empty claim while some lane is due met lanes that concurrent claims
+                # (other workers, Postgres/MySQL SKIP LOCKED) held: try again shortly.
+                await asyncio.sleep(busy_wait)
+                busy_wait = min(busy_wait * 2, 0.2)
+            else:
+                return
+
+    async def _wait_slot(self) -> None:
+        self._slot.clear()
+        self._waiting_slot = True
+        try:
+            await self._slot.wait()
+        finally:
+            self._waiting_slot = False
 
     async def _sleep(self, ms: int) -> None:
         self._wake.clear()
@@ -351,27 +423,50 @@ class Worker:
 
     # -- running one job -----------------------------------------------------------------
 
-    def _spawn(self, job: tuple[int, int, str | None, str, str, str, int]) -> None:
+    def _fill(self) -> None:
+        """Start jobs claimed ahead while slots are free."""
+        ready = self._ready
+        while ready and len(self._tasks) < self.concurrency:
+            self._start(ready.popleft())
+
+    def _start(self, job: ClaimedJob) -> None:
         seq = job[0]
-        task = asyncio.get_running_loop().create_task(self._run(job))
+        if self._revoked:
+            why = self._revoked.pop(seq, None)
+            if why is not None:
+                # Revoked before it started: its handler never runs. A canceled job is
+                # recorded as canceled; a lost lease is no longer ours to write.
+                if why == "canceled":
+                    assert self._native is not None
+                    self._native.done(seq, job[1], None)
+                    self._outcome_queued()
+                return
+        ctx = JobContext(
+            self._storage._native, self._storage.journal, job[3], job[4], job[2], job[6]
+        )
+        self._active[seq] = ctx
+        assert self._loop is not None
+        task = self._loop.create_task(self._run(job, ctx))
         self._tasks[seq] = task
         task.add_done_callback(functools.partial(self._release, seq))
 
-    def _release(self, seq: int, _task: object = None) -> None:
+    def _release(self, seq: int, task: asyncio.Task[None]) -> None:
         self._tasks.pop(seq, None)
+        if self._ready and not task.cancelled():
+            self._fill()
         self._slot.set()
 
-    async def _run(self, job: tuple[int, int, str | None, str, str, str, int]) -> None:
-        seq, token, org_id, job_id, typ, payload_json, attempt = job
+    async def _run(self, job: ClaimedJob, ctx: JobContext) -> None:
+        seq, token, _, _, typ, payload_json, attempt = job
         native = self._native
-        assert native is not None
-        ctx = JobContext(self._storage._native, self._storage.journal, job_id, typ, org_id, attempt)
-        self._active[seq] = ctx
-        loop = asyncio.get_running_loop()
+        loop = self._loop
+        assert native is not None and loop is not None
         if self.max_hold_ms is not None:
             ctx._timer = loop.call_later(self.max_hold_ms / 1000, self._revoke, ctx, "timeout")
-        self._counts[0] += 1
+        counts = self._counts
+        counts[0] += 1
         error: str | None = None
+        t0 = loop.time()
         try:
             handler = self._handlers.get(typ)
             if handler is None:
@@ -404,11 +499,32 @@ class Worker:
             if ctx._timer is not None:
                 ctx._timer.cancel()
             self._active.pop(seq, None)
+        dt = loop.time() - t0
+        hold = self._hold_s
+        self._hold_s = dt if hold is None else hold + _EWMA * (dt - hold)
         if error is None:
-            self._counts[1] += 1
+            counts[1] += 1
+        else:
+            counts[2] += 1
+            native.fail(seq, token, error, attempt, self._retry_delay(attempt))
+        self._outcome_queued()
+
+    def _outcome_queued(self) -> None:
+        if not self._kick_due:
+            self._kick_due = True
+            assert self._loop is not None
+            self._loop.call_soon(self._kick)
+
+    def _kick(self) -> None:
+        """After a burst of outcomes: a claim that is about to go out (the claim loop waits for
+        a handler to end) takes them along, in its own statement; otherwise (a claim is in
+        flight, or none is coming) the native writer writes them now."""
+        self._kick_due = False
+        native = self._native
+        if native is None:
             return
-        self._counts[2] += 1
-        native.fail(seq, token, error, attempt, self._retry_delay(attempt))
+        if self._claiming or self._stopping or not self._waiting_slot:
+            native.kick()
 
     def _retry_delay(self, attempt: int) -> int | None:
         d = self.retry_delay_ms
@@ -434,6 +550,10 @@ class Worker:
         ctx = self._active.get(seq)
         if ctx is not None:
             self._revoke(ctx, why)
+        elif any(j[0] == seq for j in self._ready):
+            # Claimed ahead, not started: _start sees it. A lost lease wins over a cancel.
+            if why == "lease-lost" or seq not in self._revoked:
+                self._revoked[seq] = why
 
     def _revoke(self, ctx: JobContext, why: str) -> None:
         if ctx.signal.aborted:
@@ -491,7 +611,10 @@ def create_worker(
             attempt counts as failed; the lease is kept until the handler returns. None: no
             limit.
         concurrency: Handlers running at once (>= 1); a claim takes up to this many jobs,
-            lanes in turn.
+            lanes in turn. While handlers that run shorter than a claim takes are running,
+            the next claim goes out at once (the store and the handlers work at the same
+            time): the worker then holds up to this many jobs more, claimed ahead, which
+            start in claim order as slots free (see :meth:`Worker.stop`).
         poll_ms: The poll interval; an empty poll doubles it up to ``max_poll_ms``
             (default ``poll_ms * 32``); a claim resets it.
         retry_delay_ms: Delay before a failed attempt is retried: an int, or a callable

@@ -3,8 +3,13 @@
 //!
 //! * `claim(n)` writes every outcome that is waiting and claims up to `n` jobs in one store
 //!   call (one transaction), and adds the new leases to the lease set.
-//! * `finish(outcome)` takes the lease out of the set and queues the outcome; a writer task
-//!   writes whatever has queued in one transaction (group commit).
+//! * `finish(outcome)` takes the lease out of the set and queues the outcome. A writer task
+//!   writes whatever has queued in one transaction (group commit): at once when `kick()` asks
+//!   (the Python side does at the end of a burst of outcomes while a claim is in flight), else
+//!   `WRITE_AFTER` after the first one, unless a claim took them meanwhile. The writer and a
+//!   claim may write at the same time (two connections): each outcome is taken by one of them,
+//!   and each write is conditional on its lease's fencing token, so their order does not
+//!   matter. `flush()` writes what is waiting and waits for the writes in flight.
 //! * A renewal task extends every held lease each `ttl_ms/3`, off the Python thread. A lease
 //!   that the store says is not ours, or three renewals in a row that fail, reach the Python
 //!   side through `on_revoke(seq, why)`; so does a `cancel_job` of a running job.
@@ -29,6 +34,10 @@ pub type LogFn = Arc<dyn Fn(String) + Send + Sync>;
 /// Renewals in a row that may fail before the holder assumes its leases are lost.
 pub const MAX_RENEW_FAILURES: u32 = 3;
 
+/// How long a queued outcome waits for a claim (or a `kick`) to take it before the writer
+/// writes it on its own.
+pub const WRITE_AFTER: Duration = Duration::from_millis(5);
+
 struct Shared {
     store: Arc<dyn Store>,
     req: ClaimRequest,
@@ -42,9 +51,13 @@ struct Shared {
     cancel_told: Mutex<HashSet<i64>>,
     /// Outcomes waiting to be written.
     pending: Mutex<Vec<Outcome>>,
-    wake_writer: Notify,
-    /// Serializes the writer task and `flush()` so outcomes are written in order, once.
-    write_turn: tokio::sync::Mutex<()>,
+    /// An outcome was queued (the writer writes it after `WRITE_AFTER`).
+    queued: Notify,
+    /// Write now.
+    kicked: Notify,
+    /// Held (shared) by every write of outcomes in flight; `flush()` takes it exclusively to
+    /// wait for them.
+    writes: tokio::sync::RwLock<()>,
     closed: AtomicBool,
     on_revoke: RevokeFn,
     log: LogFn,
@@ -72,8 +85,9 @@ impl WorkerCore {
             orgs: Mutex::new(HashMap::new()),
             cancel_told: Mutex::new(HashSet::new()),
             pending: Mutex::new(Vec::new()),
-            wake_writer: Notify::new(),
-            write_turn: tokio::sync::Mutex::new(()),
+            queued: Notify::new(),
+            kicked: Notify::new(),
+            writes: tokio::sync::RwLock::new(()),
             closed: AtomicBool::new(false),
             on_revoke,
             log,
@@ -104,15 +118,23 @@ impl WorkerCore {
         s.orgs.lock().unwrap().remove(&seq);
         s.cancel_told.lock().unwrap().remove(&seq);
         s.pending.lock().unwrap().push(outcome);
-        s.wake_writer.notify_one();
+        s.queued.notify_one();
     }
 
-    /// Write every queued outcome now.
-    pub async fn flush(&self) -> Result<()> {
+    /// Ask the writer to write the queued outcomes now.
+    pub fn kick(&self) {
+        self.shared.kicked.notify_one();
+    }
+
+    /// Write every queued outcome now, and wait for the writes in flight. Returns how many
+    /// outcomes this call wrote itself.
+    pub async fn flush(&self) -> Result<usize> {
         flush(self.shared.clone()).await
     }
 
-    pub fn shared_flush(&self) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
+    pub fn shared_flush(
+        &self,
+    ) -> impl std::future::Future<Output = Result<usize>> + Send + 'static {
         flush(self.shared.clone())
     }
 
@@ -153,7 +175,7 @@ async fn claim(s: Arc<Shared>, n: usize) -> Result<Vec<ClaimedJob>> {
     if s.closed.load(Ordering::SeqCst) {
         return Err(Error::Closed);
     }
-    let _turn = s.write_turn.lock().await;
+    let _write = s.writes.read().await;
     let outcomes = std::mem::take(&mut *s.pending.lock().unwrap());
     let mut req = s.req.clone();
     req.limit = n;
@@ -171,29 +193,49 @@ async fn claim(s: Arc<Shared>, n: usize) -> Result<Vec<ClaimedJob>> {
         }
         Err(e) => {
             // Nothing was written: put the outcomes back in front of any newer ones.
-            let mut p = s.pending.lock().unwrap();
-            let newer = std::mem::replace(&mut *p, outcomes);
-            p.extend(newer);
+            put_back(&s, outcomes);
             Err(e)
         }
     }
 }
 
-async fn flush(s: Arc<Shared>) -> Result<()> {
-    let _turn = s.write_turn.lock().await;
+fn put_back(s: &Shared, outcomes: Vec<Outcome>) {
+    if outcomes.is_empty() {
+        return;
+    }
+    let mut p = s.pending.lock().unwrap();
+    let newer = std::mem::replace(&mut *p, outcomes);
+    p.extend(newer);
+}
+
+/// Write what is waiting now (one transaction), beside any write in flight; returns how many
+/// outcomes it wrote.
+async fn write_pending(s: &Shared) -> Result<usize> {
+    let _write = s.writes.read().await;
     let batch = std::mem::take(&mut *s.pending.lock().unwrap());
     if batch.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
     match s.store.finish(&batch).await {
-        Ok(()) => Ok(()),
+        Ok(()) => Ok(batch.len()),
         Err(e) => {
             if e.is_transient() {
-                let mut p = s.pending.lock().unwrap();
-                let newer = std::mem::replace(&mut *p, batch);
-                p.extend(newer);
+                put_back(s, batch);
             }
             Err(e)
+        }
+    }
+}
+
+async fn flush(s: Arc<Shared>) -> Result<usize> {
+    let mut written = 0;
+    loop {
+        written += write_pending(&s).await?;
+        // Wait for the writes that were in flight (a claim's, the writer's); one that failed
+        // put its outcomes back, and they are written on the next turn.
+        drop(s.writes.write().await);
+        if s.pending.lock().unwrap().is_empty() {
+            return Ok(written);
         }
     }
 }
@@ -201,15 +243,22 @@ async fn flush(s: Arc<Shared>) -> Result<()> {
 async fn writer_loop(s: Arc<Shared>) {
     let mut backoff_ms = 50u64;
     loop {
-        s.wake_writer.notified().await;
-        // Let outcomes that finish together share one transaction.
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        tokio::select! {
+            _ = s.kicked.notified() => {}
+            _ = s.queued.notified() => {
+                // Give a claim the chance to take them; a kick writes at once.
+                tokio::select! {
+                    _ = s.kicked.notified() => {}
+                    _ = tokio::time::sleep(WRITE_AFTER) => {}
+                }
+            }
+        }
         loop {
             if s.pending.lock().unwrap().is_empty() {
                 break;
             }
-            match flush(s.clone()).await {
-                Ok(()) => backoff_ms = 50,
+            match write_pending(&s).await {
+                Ok(_) => backoff_ms = 50,
                 Err(e) if e.is_transient() => {
                     (s.log)(format!(
                         "gnl worker: writing job outcomes failed, retrying in {backoff_ms} ms: {e}"

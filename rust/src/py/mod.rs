@@ -493,6 +493,13 @@ impl NativeWorker {
         Ok(())
     }
 
+    /// Ask the outcome writer to write the queued outcomes now (it otherwise waits a few ms
+    /// for a claim to take them along).
+    fn kick(&self) -> PyResult<()> {
+        self.core()?.kick();
+        Ok(())
+    }
+
     /// Whether some job may be due (see `Store::has_due`).
     fn has_due<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let store = self.core()?.store();
