@@ -43,6 +43,9 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
 /// One `INSERT … SELECT FROM unnest(…)` carries at most this many jobs / bytes of job text.
 const CHUNK_ROWS: usize = 50_000;
 const CHUNK_BYTES: usize = 64 << 20;
+/// Calls that carry outcomes, and claims without the empty-poll probe, look for expired leases
+/// at most this often (an empty poll always looks).
+const RECLAIM_EVERY_MS: u64 = 250;
 
 const JOB_COLS: &str =
     "seq, org, id, type, payload::text, state, attempts, max_attempts, last_error, result::text, \
@@ -209,6 +212,10 @@ type Tx = Transaction<'static, Postgres>;
 pub struct PostgresStore {
     pool: PgPool,
     queries: AtomicU64,
+    /// When a call of this store last looked for expired leases (ms since `started`; 0:
+    /// never).
+    last_reclaim: AtomicU64,
+    started: std::time::Instant,
 }
 
 impl PostgresStore {
@@ -239,6 +246,8 @@ impl PostgresStore {
         let store = PostgresStore {
             pool,
             queries: AtomicU64::new(0),
+            last_reclaim: AtomicU64::new(0),
+            started: std::time::Instant::now(),
         };
         store.counted(1);
         let (num, text): (String, String) = sqlx::query_as(
@@ -258,6 +267,20 @@ impl PostgresStore {
 
     fn counted(&self, n: u64) {
         self.queries.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Whether a call that writes anyway (outcomes, a claim without the probe) should also
+    /// look for expired leases: at most every `RECLAIM_EVERY_MS` (this process's monotonic
+    /// clock; lease decisions themselves use the server's). A stale lease waits that much
+    /// longer; a claim saves the look.
+    fn reclaim_due(&self) -> bool {
+        let now = (self.started.elapsed().as_millis() as u64).max(1);
+        let last = self.last_reclaim.load(Ordering::Relaxed);
+        (last == 0 || now.saturating_sub(last) >= RECLAIM_EVERY_MS)
+            && self
+                .last_reclaim
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
     }
 
     async fn begin(&self) -> Result<Tx> {
@@ -575,7 +598,7 @@ impl Store for PostgresStore {
     }
 
     async fn claim(&self, finished: &[Outcome], req: &ClaimRequest) -> Result<Vec<ClaimedJob>> {
-        let mut reclaim = true;
+        let reclaim;
         if finished.is_empty() && req.probe {
             // The empty poll: one read, whatever the number of lanes (both are index seeks).
             self.counted(1);
@@ -585,6 +608,8 @@ impl Store for PostgresStore {
                 return Ok(vec![]);
             }
             reclaim = expired;
+        } else {
+            reclaim = self.reclaim_due();
         }
         self.claim_call(finished, reclaim, req.limit, Some(req))
             .await
@@ -595,7 +620,8 @@ impl Store for PostgresStore {
             return Ok(());
         }
         // One statement: its own transaction.
-        self.claim_call(outcomes, false, 0, None).await?;
+        self.claim_call(outcomes, self.reclaim_due(), 0, None)
+            .await?;
         Ok(())
     }
 
