@@ -7,7 +7,6 @@ native (``gnl._native.NativeWorker``); this module runs handlers and keeps the p
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import json
 import logging
@@ -69,14 +68,13 @@ class JobContext:
 
     __slots__ = (
         "_native",
-        "_started",
+        "_run_id",
         "_timer",
         "_warned",
         "attempt",
         "job_id",
         "journal",
         "org_id",
-        "run_id",
         "signal",
         "type",
     )
@@ -96,11 +94,18 @@ class JobContext:
         self.type = type
         self.org_id = org_id
         self.attempt = attempt
-        self.run_id = _native.job_run_id(org_id, job_id)
+        self._run_id: str | None = None
         self.signal = RevocationSignal()
         self._timer: asyncio.TimerHandle | None = None
         self._warned = False
-        self._started = 0.0
+
+    @property
+    def run_id(self) -> str:
+        """The job's durable run id, stable across reclaims and retries of this job."""
+        run_id = self._run_id
+        if run_id is None:
+            run_id = self._run_id = _native.job_run_id(self.org_id, self.job_id)
+        return run_id
 
     async def step(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` once per ``(run_id, name)`` and journal its result.
@@ -144,6 +149,20 @@ class JobContext:
 
 
 RetryDelay = int | Callable[[int], int] | None
+
+
+# The C scanner of a default decoder: what json.loads runs after skipping whitespace.
+_scan: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def _decode(text: str) -> Any:
+    """``json.loads`` of a payload as the store keeps it (compact JSON), without its two
+    whitespace scans; anything else goes through ``json.loads``."""
+    try:
+        value, end = _scan(text, 0)
+    except StopIteration:
+        return json.loads(text)
+    return value if end == len(text) else json.loads(text)
 
 
 def _default_name() -> str:
@@ -303,6 +322,9 @@ class Worker:
                 self._fill()
                 continue
             await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+            # A task cancelled before its first step never ran _run's cleanup.
+            for seq in [q for q, t in self._tasks.items() if t.done()]:
+                del self._tasks[seq]
         if self._native is not None:
             try:
                 await self._native.flush()
@@ -448,13 +470,6 @@ class Worker:
         assert self._loop is not None
         task = self._loop.create_task(self._run(job, ctx))
         self._tasks[seq] = task
-        task.add_done_callback(functools.partial(self._release, seq))
-
-    def _release(self, seq: int, task: asyncio.Task[None]) -> None:
-        self._tasks.pop(seq, None)
-        if self._ready and not task.cancelled():
-            self._fill()
-        self._slot.set()
 
     async def _run(self, job: ClaimedJob, ctx: JobContext) -> None:
         seq, token, _, _, typ, payload_json, attempt = job
@@ -472,7 +487,7 @@ class Worker:
             if handler is None:
                 error = f"no handler for job type {typ!r} on worker {self.name!r}"
             else:
-                result = await handler(json.loads(payload_json), ctx)
+                result = await handler(_decode(payload_json), ctx)
                 reason = ctx.signal.reason
                 if reason is not None and reason.why == "timeout":
                     error = f"timeout: the handler held the job past max_hold_ms={self.max_hold_ms}"
@@ -483,7 +498,11 @@ class Worker:
                         error = f"{type(e).__name__}: {e}"
         except asyncio.CancelledError:
             # The worker's loop is being torn down: record nothing, the lease expires and the
-            # job is reclaimed.
+            # job is reclaimed. No job starts in its place.
+            if ctx._timer is not None:
+                ctx._timer.cancel()
+            self._active.pop(seq, None)
+            self._tasks.pop(seq, None)
             raise
         except Exception as e:  # noqa: BLE001 - a handler's failure is data, not a crash
             reason = ctx.signal.reason
@@ -495,19 +514,25 @@ class Worker:
                 error = f"timeout: the handler held the job past max_hold_ms={self.max_hold_ms}"
             else:
                 error = f"{type(e).__name__}: {e}"
+        if ctx._timer is not None:
+            ctx._timer.cancel()
+        self._active.pop(seq, None)
+        try:
+            dt = loop.time() - t0
+            hold = self._hold_s
+            self._hold_s = dt if hold is None else hold + _EWMA * (dt - hold)
+            if error is None:
+                counts[1] += 1
+            else:
+                counts[2] += 1
+                native.fail(seq, token, error, attempt, self._retry_delay(attempt))
+            self._outcome_queued()
         finally:
-            if ctx._timer is not None:
-                ctx._timer.cancel()
-            self._active.pop(seq, None)
-        dt = loop.time() - t0
-        hold = self._hold_s
-        self._hold_s = dt if hold is None else hold + _EWMA * (dt - hold)
-        if error is None:
-            counts[1] += 1
-        else:
-            counts[2] += 1
-            native.fail(seq, token, error, attempt, self._retry_delay(attempt))
-        self._outcome_queued()
+            # The slot is free: the next job claimed ahead starts at once.
+            del self._tasks[seq]
+            if self._ready:
+                self._fill()
+            self._slot.set()
 
     def _outcome_queued(self) -> None:
         if not self._kick_due:

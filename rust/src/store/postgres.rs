@@ -52,6 +52,9 @@ const COPY_JOBS: &str =
                          FROM STDIN (FORMAT binary)";
 /// SQLSTATE unique_violation.
 const UNIQUE_VIOLATION: &str = "23505";
+/// Calls that carry outcomes, and claims without the empty-poll probe, look for expired leases
+/// at most this often (an empty poll always looks).
+const RECLAIM_EVERY_MS: u64 = 250;
 
 const JOB_COLS: &str =
     "seq, org, id, type, payload, state, attempts, max_attempts, last_error, result, \
@@ -218,6 +221,10 @@ type Tx = Transaction<'static, Postgres>;
 pub struct PostgresStore {
     pool: PgPool,
     queries: AtomicU64,
+    /// When a call of this store last looked for expired leases (ms since `started`; 0:
+    /// never).
+    last_reclaim: AtomicU64,
+    started: std::time::Instant,
 }
 
 impl PostgresStore {
@@ -248,6 +255,8 @@ impl PostgresStore {
         let store = PostgresStore {
             pool,
             queries: AtomicU64::new(0),
+            last_reclaim: AtomicU64::new(0),
+            started: std::time::Instant::now(),
         };
         store.counted(1);
         let (num, text): (String, String) = sqlx::query_as(
@@ -267,6 +276,20 @@ impl PostgresStore {
 
     fn counted(&self, n: u64) {
         self.queries.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Whether a call that writes anyway (outcomes, a claim without the probe) should also
+    /// look for expired leases: at most every `RECLAIM_EVERY_MS` (this process's monotonic
+    /// clock; lease decisions themselves use the server's). A stale lease waits that much
+    /// longer; a claim saves the look.
+    fn reclaim_due(&self) -> bool {
+        let now = (self.started.elapsed().as_millis() as u64).max(1);
+        let last = self.last_reclaim.load(Ordering::Relaxed);
+        (last == 0 || now.saturating_sub(last) >= RECLAIM_EVERY_MS)
+            && self
+                .last_reclaim
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
     }
 
     async fn begin(&self) -> Result<Tx> {
@@ -688,7 +711,7 @@ impl Store for PostgresStore {
     }
 
     async fn claim(&self, finished: &[Outcome], req: &ClaimRequest) -> Result<Vec<ClaimedJob>> {
-        let mut reclaim = true;
+        let reclaim;
         if finished.is_empty() && req.probe {
             // The empty poll: one read, whatever the number of lanes (both are index seeks).
             self.counted(1);
@@ -698,6 +721,8 @@ impl Store for PostgresStore {
                 return Ok(vec![]);
             }
             reclaim = expired;
+        } else {
+            reclaim = self.reclaim_due();
         }
         self.claim_call(finished, reclaim, req.limit, Some(req))
             .await
@@ -708,7 +733,8 @@ impl Store for PostgresStore {
             return Ok(());
         }
         // One statement: its own transaction.
-        self.claim_call(outcomes, false, 0, None).await?;
+        self.claim_call(outcomes, self.reclaim_due(), 0, None)
+            .await?;
         Ok(())
     }
 
