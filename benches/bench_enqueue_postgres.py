@@ -16,12 +16,12 @@ contender the ``public`` schema is dropped and created again (as the peer script
 * ``unnest``: the peer script's ``INSERT … SELECT FROM unnest($1::text[], …) ON CONFLICT DO
   NOTHING`` of the prebuilt rows into ``rawjobs`` (reference; gnl's statement has this shape).
 * ``unnest-gnl``: gnl's own enqueue statement (``ENQUEUE_ONE`` in ``rust/src/store/postgres.rs``:
-  the unnest insert into ``gnl_jobs`` and the lane upsert), sent through asyncpg with the
-  prebuilt rows into the tables ``gnl.connect`` made: the server's share of gnl's call,
-  without gnl's client side. A diagnostic, not an anchor.
+  the lanes' enqueue locks, the unnest insert into ``gnl_jobs``, the lane upsert), sent
+  through asyncpg with the prebuilt rows into the tables ``gnl.connect`` made: the server's
+  share of gnl's call, without gnl's client side. A diagnostic, not an anchor.
 * ``copy-gnl``: asyncpg ``COPY`` of the prebuilt rows into gnl's ``gnl_jobs`` (its columns,
-  indexes and unique key; no duplicate check, no lanes): the floor for gnl's table. A
-  diagnostic.
+  indexes and unique key; ``in_order`` true, as gnl writes jobs due at once; no duplicate
+  check, no lanes): the floor for gnl's table. A diagnostic.
 * ``pgqueuer``: ``Queries(AsyncpgDriver(conn)).enqueue(["import-row"] * N, payload bytes,
   [0] * N, dedupe_key=ids)`` after ``install()``, timed as the peer script times it (the
   argument lists are built inside the timed part).
@@ -72,12 +72,18 @@ RAW_UNNEST = (
 #: gnl's own enqueue statement (``ENQUEUE_ONE`` in ``rust/src/store/postgres.rs``): the rows,
 #: then their lanes, in one statement.
 GNL_UNNEST = """
-WITH ins AS (
-  INSERT INTO gnl_jobs (org, id, type, payload, run_at, state, created_at, updated_at)
-  SELECT u.o, u.i, u.t, u.p, coalesce(u.r, n.now_ms + u.d), 'pending', n.now_ms, n.now_ms
+WITH n AS (SELECT floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint AS now_ms),
+lk AS (
+  SELECT count(pg_advisory_xact_lock(hashtextextended('gnl_lane:' || k.o, 0)))
+  FROM (SELECT DISTINCT o FROM unnest($1::text[]) AS o ORDER BY o) AS k
+),
+ins AS (
+  INSERT INTO gnl_jobs (org, id, type, payload, run_at, in_order, state, created_at, updated_at)
+  SELECT u.o, u.i, u.t, u.p, coalesce(u.r, n.now_ms + u.d),
+         coalesce(u.r, n.now_ms + u.d) = n.now_ms, 'pending', n.now_ms, n.now_ms
   FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[])
-       AS u(o, i, t, p, r, d),
-       (SELECT floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint) AS n(now_ms)
+       AS u(o, i, t, p, r, d), n
+  WHERE (SELECT * FROM lk) >= 0
   ON CONFLICT (org, id) DO NOTHING
   RETURNING org, run_at
 ),
@@ -88,7 +94,17 @@ ln AS (
 )
 SELECT count(*) FROM ins
 """
-GNL_COLS = ["org", "id", "type", "payload", "run_at", "state", "created_at", "updated_at"]
+GNL_COLS = [
+    "org",
+    "id",
+    "type",
+    "payload",
+    "run_at",
+    "in_order",
+    "state",
+    "created_at",
+    "updated_at",
+]
 
 Row = tuple[str, str, str, str]
 
@@ -162,7 +178,7 @@ async def run_unnest_gnl(conn: Any, rows: list[Row]) -> float:
 async def run_copy_gnl(conn: Any, rows: list[Row]) -> float:
     await gnl_schema()
     now = c.now_ms()
-    recs = [(r[3], r[0], r[1], r[2], now, "pending", now, now) for r in rows]
+    recs = [(r[3], r[0], r[1], r[2], now, True, "pending", now, now) for r in rows]
     t0 = time.perf_counter()
     async with conn.transaction():
         await conn.copy_records_to_table("gnl_jobs", records=recs, columns=GNL_COLS)

@@ -24,7 +24,7 @@ use tokio::task::JoinHandle;
 
 use crate::error::{Error, Result};
 use crate::model::{ClaimRequest, ClaimedJob, LeaseRef, Outcome, RenewStatus};
-use crate::store::Store;
+use crate::store::{self, Store};
 
 /// Called (from a tokio thread) when a held job must stop: `why` is "lease-lost" or "canceled".
 pub type RevokeFn = Arc<dyn Fn(i64, &'static str) + Send + Sync>;
@@ -180,7 +180,7 @@ async fn claim(s: Arc<Shared>, n: usize) -> Result<Vec<ClaimedJob>> {
     let mut req = s.req.clone();
     req.limit = n;
     req.probe = !s.full.load(Ordering::Relaxed);
-    match s.store.claim(&outcomes, &req).await {
+    match store::claim(s.store.as_ref(), &outcomes, &req).await {
         Ok(jobs) => {
             s.full.store(n > 0 && jobs.len() == n, Ordering::Relaxed);
             let mut held = s.held.lock().unwrap();
@@ -216,7 +216,7 @@ async fn write_pending(s: &Shared) -> Result<usize> {
     if batch.is_empty() {
         return Ok(0);
     }
-    match s.store.finish(&batch).await {
+    match store::finish(s.store.as_ref(), &batch).await {
         Ok(()) => Ok(batch.len()),
         Err(e) => {
             if e.is_transient() {

@@ -43,6 +43,7 @@ AS $fn$
 DECLARE
     now_ms bigint := floor(extract(epoch from statement_timestamp()) * 1000)::bigint;
     lanes text[];
+    heads bigint[];
     nl bigint;
 BEGIN
     -- Outcomes. Each write is conditional on (seq, token, state running): a stale holder's
@@ -60,6 +61,7 @@ BEGIN
             UPDATE gnl_jobs g SET
                 state = CASE WHEN g.cancel_requested THEN 'canceled'
                              WHEN g.attempts >= g.max_attempts THEN 'dead' ELSE 'pending' END,
+                in_order = false,
                 last_error = o.err, updated_at = now_ms,
                 lease_expires_at = NULL, lease_owner = NULL,
                 run_at = CASE WHEN NOT g.cancel_requested AND g.attempts < g.max_attempts
@@ -82,6 +84,7 @@ BEGIN
             UPDATE gnl_jobs g SET
                 state = CASE WHEN g.cancel_requested THEN 'canceled'
                              WHEN g.attempts >= g.max_attempts THEN 'dead' ELSE 'pending' END,
+                in_order = false,
                 last_error = 'lease expired: the worker ' || coalesce(g.lease_owner, '?') ||
                              ' stopped renewing attempt ' || g.attempts ||
                              ' (crashed, stopped or cut off)',
@@ -105,8 +108,9 @@ BEGIN
     END IF;
 
     -- The lanes that waited longest among lanes with a due job, locked; busy ones are skipped.
-    SELECT array_agg(l.org ORDER BY l.served_at, l.org) INTO lanes FROM (
-        SELECT x.org, x.served_at FROM gnl_lanes x
+    SELECT array_agg(l.org ORDER BY l.served_at, l.org), array_agg(l.head ORDER BY l.served_at, l.org)
+    INTO lanes, heads FROM (
+        SELECT x.org, x.served_at, x.head FROM gnl_lanes x
         WHERE x.next_run_at IS NOT NULL AND x.next_run_at <= now_ms
         ORDER BY x.served_at, x.org LIMIT lim
         FOR UPDATE SKIP LOCKED) l;
@@ -116,23 +120,43 @@ BEGIN
     nl := cardinality(lanes);
 
     -- Each locked lane's oldest due jobs (an equal share of the batch each, the first lanes
-    -- the rest), marked running with a new fencing token. Then the lanes: a lane that got a
-    -- job gets the next turn ticket (tickets strictly increase, in the order the lanes were
-    -- served, so claims within one millisecond do not tie; they stay near the store's clock in
-    -- 1/4096 ms, so a new lane's ticket 0 sorts first; a lane that got nothing keeps its
-    -- ticket). Every locked lane's next_run_at becomes its earliest pending run_at (NULL:
-    -- nothing pending).
+    -- the rest), marked running with a new fencing token. A lane's candidates come from two
+    -- places: its in_order jobs along the key from its head, and the others from the due
+    -- index; the earliest due of both are taken. Then the lanes: a lane that got a job gets
+    -- the next turn ticket (tickets strictly increase, in the order the lanes were served, so
+    -- claims within one millisecond do not tie; they stay near the store's clock in 1/4096
+    -- ms, so a new lane's ticket 0 sorts first; a lane that got nothing keeps its ticket).
+    -- Every locked lane's head moves to its first in_order job still pending (none: past its
+    -- last job), and its next_run_at becomes its earliest pending run_at (NULL: nothing
+    -- pending). A head never passes a job still being enqueued: enqueues into one lane commit
+    -- in seq order (their enqueue locks, migration 0001), so every seq below one this
+    -- statement sees is visible to it too.
     RETURN QUERY
     WITH l AS (
-        SELECT u.org, lim / nl + (u.n <= lim % nl)::int AS share, u.n - 1 AS i
+        SELECT u.org, lim / nl + (u.n <= lim % nl)::int AS share, u.n - 1 AS i, heads[u.n] AS head
         FROM unnest(lanes) WITH ORDINALITY AS u(org, n)
     ),
-    p AS (
-        SELECT j.seq, l.org, l.i FROM l CROSS JOIN LATERAL (
-            SELECT g.seq FROM gnl_jobs g
-            WHERE g.org = l.org AND g.state = 'pending' AND g.run_at <= now_ms
+    a AS (
+        SELECT j.seq, j.run_at, l.org, l.i, l.share FROM l CROSS JOIN LATERAL (
+            SELECT g.seq, g.run_at FROM gnl_jobs g
+            WHERE g.org = l.org AND g.seq >= l.head AND g.state = 'pending' AND g.in_order
+              AND g.run_at <= now_ms
+            ORDER BY g.seq LIMIT l.share
+            FOR UPDATE SKIP LOCKED) j
+    ),
+    b AS (
+        SELECT j.seq, j.run_at, l.org, l.i, l.share FROM l CROSS JOIN LATERAL (
+            SELECT g.seq, g.run_at FROM gnl_jobs g
+            WHERE g.org = l.org AND g.state = 'pending' AND NOT g.in_order
+              AND g.run_at <= now_ms
             ORDER BY g.run_at, g.seq LIMIT l.share
             FOR UPDATE SKIP LOCKED) j
+    ),
+    p AS (
+        SELECT q.seq, q.org, q.i FROM (
+            SELECT u.*, row_number() OVER (PARTITION BY u.i ORDER BY u.run_at, u.seq) AS rank
+            FROM (SELECT * FROM a UNION ALL SELECT * FROM b) u) q
+        WHERE q.rank <= q.share
     ),
     c AS (
         UPDATE gnl_jobs g SET state = 'running', attempts = g.attempts + 1,
@@ -145,16 +169,32 @@ BEGIN
     k AS (
         SELECT DISTINCT p.i FROM p
     ),
+    t AS (
+        SELECT ARRAY(SELECT p.seq FROM p) AS taken
+    ),
+    h AS (
+        -- Per lane: the first in_order job still pending, else the seq after its last job.
+        SELECT l.i, f.run_at,
+               coalesce(f.seq, (SELECT max(g.seq) + 1 FROM gnl_jobs g WHERE g.org = l.org), l.head)
+                   AS head,
+               (SELECT g.run_at FROM gnl_jobs g
+                WHERE g.org = l.org AND g.state = 'pending' AND NOT g.in_order
+                  AND g.seq <> ALL (t.taken)
+                ORDER BY g.run_at LIMIT 1) AS later
+        FROM l CROSS JOIN t LEFT JOIN LATERAL (
+            SELECT g.seq, g.run_at FROM gnl_jobs g
+            WHERE g.org = l.org AND g.seq >= l.head AND g.state = 'pending' AND g.in_order
+              AND g.seq <> ALL (t.taken)
+            ORDER BY g.seq LIMIT 1) f ON true
+    ),
     s AS (
         UPDATE gnl_lanes x SET
             served_at = CASE WHEN k.i IS NULL THEN x.served_at ELSE
                 (SELECT greatest(now_ms * 4096, coalesce(max(m.served_at), 0) + 1)
                  FROM gnl_lanes m) + l.i END,
-            next_run_at = (SELECT g.run_at FROM gnl_jobs g
-                           WHERE g.org = x.org AND g.state = 'pending'
-                             AND g.seq <> ALL (ARRAY(SELECT p.seq FROM p))
-                           ORDER BY g.run_at LIMIT 1)
-        FROM l LEFT JOIN k ON k.i = l.i
+            head = h.head,
+            next_run_at = least(h.run_at, h.later)
+        FROM l JOIN h ON h.i = l.i LEFT JOIN k ON k.i = l.i
         WHERE x.org = ANY (lanes) AND x.org = l.org
     )
     SELECT c.seq, c.lease_token, c.org, c.id, c.type, c.payload, c.attempts, c.run_at

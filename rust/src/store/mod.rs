@@ -71,13 +71,43 @@ pub trait Store: Send + Sync + 'static {
     async fn close(&self);
 }
 
-/// `Store::enqueue`, run again (up to 3 times) when the server aborted it to break a
-/// deadlock: two calls that insert overlapping ids in different orders can deadlock, and the
-/// rows (ids included) are fixed before the call, so running it again is idempotent.
+/// `Store::enqueue_batch`, run again when the server aborted it to break a deadlock (see
+/// `again_on_deadlock`): two calls that insert overlapping ids in different orders can
+/// deadlock, and the rows (ids included) are fixed before the call, so running it again is
+/// idempotent.
 pub async fn enqueue(store: &dyn Store, jobs: &JobBatch) -> Result<()> {
+    again_on_deadlock(|| store.enqueue_batch(jobs)).await
+}
+
+/// `Store::claim`, run again when the server aborted it to break a deadlock (see
+/// `again_on_deadlock`; on MySQL a claim's lane locks can meet an enqueue's lane upsert). The
+/// aborted transaction wrote nothing, and every outcome is conditional on its fencing token,
+/// so running it again is safe.
+pub async fn claim(
+    store: &dyn Store,
+    finished: &[Outcome],
+    req: &ClaimRequest,
+) -> Result<Vec<ClaimedJob>> {
+    again_on_deadlock(|| store.claim(finished, req)).await
+}
+
+/// `Store::finish`, run again when the server aborted it to break a deadlock (see
+/// `again_on_deadlock`); every outcome is conditional on its fencing token.
+pub async fn finish(store: &dyn Store, outcomes: &[Outcome]) -> Result<()> {
+    again_on_deadlock(|| store.finish(outcomes)).await
+}
+
+/// Run `f` again (up to 3 times, after 5-25 ms) while the server aborts its transaction to
+/// break a deadlock (`Error::is_deadlock`): a deadlock is two transactions meeting, not the
+/// store going away, so it is not reported while running again can end it.
+async fn again_on_deadlock<T, F, Fut>(f: F) -> Result<T>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
     let mut tries = 0u64;
     loop {
-        match store.enqueue_batch(jobs).await {
+        match f().await {
             Err(e) if e.is_deadlock() && tries < 3 => {
                 tries += 1;
                 tokio::time::sleep(std::time::Duration::from_millis(

@@ -1344,6 +1344,11 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn jobs_enqueued_while_claimers_run_are_all_claimed() {
+        with_store(suite::jobs_enqueued_while_claimers_run_are_all_claimed).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn max_depth_is_exact_under_concurrent_enqueues() {
         with_store(suite::max_depth_is_exact_under_concurrent_enqueues).await;
     }

@@ -48,7 +48,7 @@ const COPY_MIN_ROWS: usize = 1_000;
 /// `COPY` data is sent in messages of about this size (the batch is never encoded whole).
 const COPY_SEND_BYTES: usize = 256 << 10;
 const COPY_JOBS: &str =
-    "COPY gnl_jobs (org, id, type, payload, run_at, state, created_at, updated_at) \
+    "COPY gnl_jobs (org, id, type, payload, run_at, in_order, state, created_at, updated_at) \
                          FROM STDIN (FORMAT binary)";
 /// SQLSTATE unique_violation.
 const UNIQUE_VIOLATION: &str = "23505";
@@ -80,32 +80,57 @@ const CLAIM: &str = "SELECT seq, lease_token, org, id, type, payload, attempts, 
      FROM gnl_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)";
 
 /// The jobs of an enqueue from six arrays ($1 org, $2 id, $3 type, $4 payload, $5 run_at,
-/// $6 delay_ms); an id already present is skipped.
+/// $6 delay_ms); an id already present is skipped. A job due at the server's clock (no
+/// run_at, no delay) is `in_order`: its lane's head finds it, the due index does not hold it. `$gate` is
+/// a condition on the whole statement (see `ENQUEUE_ONE`).
 macro_rules! insert_jobs {
-    () => {
+    ($gate:literal) => {
         concat!(
-            "INSERT INTO gnl_jobs (org, id, type, payload, run_at, state, created_at, updated_at)
+            "INSERT INTO gnl_jobs (org, id, type, payload, run_at, in_order, state, created_at, updated_at)
              SELECT u.o, u.i, u.t, u.p, coalesce(u.r, ",
             now_ms!(),
-            " + u.d), 'pending', ",
+            " + u.d), coalesce(u.r, ",
+            now_ms!(),
+            " + u.d) = ",
+            now_ms!(),
+            ", 'pending', ",
             now_ms!(),
             ", ",
             now_ms!(),
             "
              FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[])
-                  AS u(o, i, t, p, r, d)
+                  AS u(o, i, t, p, r, d)",
+            $gate,
+            "
              ON CONFLICT (org, id) DO NOTHING"
         )
     };
 }
 
-const INSERT_JOBS: &str = insert_jobs!();
+const INSERT_JOBS: &str = insert_jobs!("");
 
-/// A whole enqueue in one statement: the jobs, then their lanes (from the rows actually
-/// inserted, after them: jobs before lanes is the lock order).
+/// The enqueue lock of each distinct organization of $1, in org order: a transaction-level
+/// advisory lock that only enqueues take, from before their jobs get seqs until they commit.
+/// Enqueues into one lane so commit in seq order, which the lanes' heads rely on (migration
+/// 0001); claims never take it, so an enqueue in flight never keeps a lane from being served.
+macro_rules! lock_lanes {
+    () => {
+        "SELECT count(pg_advisory_xact_lock(hashtextextended('gnl_lane:' || k.o, 0)))
+         FROM (SELECT DISTINCT o FROM unnest($1::text[]) AS o ORDER BY o) AS k"
+    };
+}
+
+/// A whole enqueue in one statement: the enqueue locks, then the jobs (their `WHERE` waits for
+/// the locks), then their lanes (from the rows actually inserted).
 const ENQUEUE_ONE: &str = concat!(
-    "WITH ins AS (",
-    insert_jobs!(),
+    "WITH lk AS (",
+    lock_lanes!(),
+    "),
+     ins AS (",
+    insert_jobs!(
+        "
+             WHERE (SELECT * FROM lk) >= 0"
+    ),
     "
        RETURNING org, run_at
      ),
@@ -117,22 +142,25 @@ const ENQUEUE_ONE: &str = concat!(
      SELECT count(*) FROM ins"
 );
 
-/// After a multi-statement enqueue: the lanes ($1 orgs, $2 earliest absolute run_at, $3
-/// smallest delay, the server adds its clock).
-const ENQUEUE_LANES: &str = concat!(
-    "INSERT INTO gnl_lanes (org, next_run_at, served_at)
-     SELECT u.o, least(u.a, ",
-    now_ms!(),
-    " + u.r), 0
-     FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS u(o, a, r) ORDER BY u.o
-     ON CONFLICT (org) DO UPDATE SET next_run_at = least(gnl_lanes.next_run_at, excluded.next_run_at)"
-);
+/// Before a multi-statement enqueue writes its jobs: the enqueue locks of $1's organizations
+/// and the server's clock (the `now` of the jobs' rows).
+const ENQUEUE_LOCK: &str = concat!("SELECT ", now_ms!(), ", (", lock_lanes!(), ")");
 
-/// The pending depth of each organization in $1. It runs after the enqueue wrote (and so
-/// locked) the organizations' lane rows: an enqueue into the same organization waits for this
+/// After a multi-statement enqueue wrote its jobs: the lanes ($1 orgs, $2 each one's earliest
+/// due instant).
+const ENQUEUE_LANES: &str = "INSERT INTO gnl_lanes (org, next_run_at, served_at)
+     SELECT u.o, u.a, 0 FROM unnest($1::text[], $2::bigint[]) AS u(o, a) ORDER BY u.o
+     ON CONFLICT (org) DO UPDATE SET next_run_at = least(gnl_lanes.next_run_at, excluded.next_run_at)";
+
+/// The pending depth of each organization in $1: its in_order jobs from its head, and the
+/// others from the due index. It runs after the enqueue wrote its jobs and lanes, holding the
+/// organizations' enqueue locks: an enqueue into the same organization waits for this
 /// transaction, and this statement sees every one that committed before, so the check is exact.
 const DEPTHS: &str =
-    "SELECT d.o, (SELECT count(*) FROM gnl_jobs g WHERE g.org = d.o AND g.state = 'pending')
+    "SELECT d.o,
+       (SELECT count(*) FROM gnl_lanes x JOIN gnl_jobs g ON g.org = x.org AND g.seq >= x.head
+        WHERE x.org = d.o AND g.state = 'pending' AND g.in_order)
+     + (SELECT count(*) FROM gnl_jobs g WHERE g.org = d.o AND g.state = 'pending' AND NOT g.in_order)
      FROM unnest($1::text[]) AS d(o)";
 
 const RENEW: &str = concat!(
@@ -146,7 +174,7 @@ const RENEW: &str = concat!(
 
 const RETRY: &str = concat!(
     "WITH r AS (
-       UPDATE gnl_jobs SET state = 'pending', attempts = 0, run_at = ",
+       UPDATE gnl_jobs SET state = 'pending', in_order = false, attempts = 0, run_at = ",
     now_ms!(),
     ", updated_at = ",
     now_ms!(),
@@ -389,26 +417,25 @@ impl PostgresStore {
 
 impl PostgresStore {
     /// Insert a batch with `COPY … FROM STDIN (FORMAT binary)`, streamed in parts of
-    /// `COPY_SEND_BYTES`, then the lanes, in one transaction. `COPY` has no `ON CONFLICT`: when
-    /// an id is taken (or repeated in the batch) the transaction is rolled back and `false`
-    /// returned: the caller then takes `enqueue_unnest`, which skips taken ids.
+    /// `COPY_SEND_BYTES`, then the lanes, in one transaction. `COPY` has no `ON CONFLICT`:
+    /// when an id is taken (or repeated in the batch) the transaction is rolled back and
+    /// `false` returned: the caller then takes `enqueue_unnest`, which skips taken ids.
     async fn enqueue_copy(&self, jobs: &JobBatch) -> Result<bool> {
         let mut tx = self.begin().await?;
-        self.counted(1);
-        let now: i64 = sqlx::query_scalar(concat!("SELECT ", now_ms!()))
-            .fetch_one(&mut *tx)
-            .await?;
+        let now = self.lock_lanes(&mut tx, jobs).await?;
         self.counted(1);
         let mut copy = tx.copy_in_raw(COPY_JOBS).await?;
         let mut buf = Vec::with_capacity(COPY_SEND_BYTES + 4096);
         buf.extend_from_slice(copy_binary::HEADER);
         for j in jobs.iter() {
-            copy_binary::fields(&mut buf, 8);
+            let run_at = j.due.at(now);
+            copy_binary::fields(&mut buf, 9);
             copy_binary::text(&mut buf, j.org);
             copy_binary::text(&mut buf, j.id);
             copy_binary::text(&mut buf, j.typ);
             copy_binary::text(&mut buf, j.payload);
-            copy_binary::int8(&mut buf, j.due.at(now));
+            copy_binary::int8(&mut buf, run_at);
+            copy_binary::boolean(&mut buf, run_at == now);
             copy_binary::text(&mut buf, PENDING);
             copy_binary::int8(&mut buf, now);
             copy_binary::int8(&mut buf, now);
@@ -428,6 +455,27 @@ impl PostgresStore {
             }
             Err(e) => return Err(e.into()),
         }
+        self.upsert_lanes(&mut tx, jobs, now).await?;
+        self.check_limits(&mut tx, jobs).await?;
+        self.commit(tx).await?;
+        Ok(true)
+    }
+
+    /// Take the enqueue locks of the batch's lanes (`lock_lanes!`); returns the server's clock.
+    async fn lock_lanes(&self, tx: &mut Tx, jobs: &JobBatch) -> Result<i64> {
+        let orgs: Vec<&str> = jobs.lanes().iter().map(|(o, _)| *o).collect();
+        self.counted(1);
+        let (now, _): (i64, i64) = sqlx::query_as(ENQUEUE_LOCK)
+            .bind(orgs)
+            .fetch_one(&mut **tx)
+            .await?;
+        Ok(now)
+    }
+
+    /// Upsert the batch's lanes, lowering each one's next_run_at to its jobs' earliest due
+    /// instant, with `now` the clock `lock_lanes` read: no later than any of the jobs' rows
+    /// read it, so the bound is never above a job's run_at.
+    async fn upsert_lanes(&self, tx: &mut Tx, jobs: &JobBatch, now: i64) -> Result<()> {
         let lanes = jobs.lanes();
         let orgs: Vec<&str> = lanes.iter().map(|(o, _)| *o).collect();
         let due: Vec<i64> = lanes.iter().map(|(_, l)| l.earliest(now)).collect();
@@ -435,12 +483,9 @@ impl PostgresStore {
         sqlx::query(ENQUEUE_LANES)
             .bind(orgs)
             .bind(due)
-            .bind(Vec::<Option<i64>>::new())
-            .execute(&mut *tx)
+            .execute(&mut **tx)
             .await?;
-        self.check_limits(&mut tx, jobs).await?;
-        self.commit(tx).await?;
-        Ok(true)
+        Ok(())
     }
 
     /// Insert a batch with `INSERT … SELECT FROM unnest(…) ON CONFLICT DO NOTHING` (taken ids
@@ -477,6 +522,7 @@ impl PostgresStore {
                 .fetch_one(&mut *tx)
                 .await?;
         } else {
+            let now = self.lock_lanes(&mut tx, jobs).await?;
             for part in parts {
                 let (o, i, t, p, r, d) = job_arrays(jobs, part);
                 self.counted(1);
@@ -490,19 +536,7 @@ impl PostgresStore {
                     .execute(&mut *tx)
                     .await?;
             }
-            // Per organization: the earliest absolute run_at and the smallest delay (the
-            // server adds its clock).
-            let lanes = jobs.lanes();
-            let orgs: Vec<&str> = lanes.iter().map(|(o, _)| *o).collect();
-            let abs: Vec<Option<i64>> = lanes.iter().map(|(_, l)| l.min_at).collect();
-            let rel: Vec<Option<i64>> = lanes.iter().map(|(_, l)| l.min_after).collect();
-            self.counted(1);
-            sqlx::query(ENQUEUE_LANES)
-                .bind(orgs)
-                .bind(abs)
-                .bind(rel)
-                .execute(&mut *tx)
-                .await?;
+            self.upsert_lanes(&mut tx, jobs, now).await?;
         }
         self.check_limits(&mut tx, jobs).await?;
         self.commit(tx).await
@@ -588,7 +622,7 @@ fn job_arrays(
 
 /// COPY's binary format (PostgreSQL docs, "COPY", "Binary Format"): a header, then per row a
 /// field count and each field as a length and its bytes (`text` and `json` as UTF-8, `bigint`
-/// as 8 bytes big-endian), then a trailer.
+/// as 8 bytes big-endian, `boolean` as one byte), then a trailer.
 mod copy_binary {
     pub const HEADER: &[u8] = b"PGCOPY\n\xff\r\n\0\0\0\0\0\0\0\0\0";
     pub const TRAILER: &[u8] = &[0xff, 0xff];
@@ -605,6 +639,11 @@ mod copy_binary {
     pub fn int8(buf: &mut Vec<u8>, v: i64) {
         buf.extend_from_slice(&8i32.to_be_bytes());
         buf.extend_from_slice(&v.to_be_bytes());
+    }
+
+    pub fn boolean(buf: &mut Vec<u8>, v: bool) {
+        buf.extend_from_slice(&1i32.to_be_bytes());
+        buf.push(v as u8);
     }
 }
 
@@ -1551,6 +1590,147 @@ pub(crate) mod suite {
 
     /// Four workers, each with its own pool, drain 2,000 jobs at once: every job is claimed
     /// exactly once.
+    /// Every job in the store (up to 100,000), from one listing page.
+    async fn all_jobs(s: &Arc<dyn Store>) -> Vec<JobRow> {
+        let snapshot = s.max_seq().await.unwrap();
+        s.list_jobs(&ListQuery {
+            scope: ListScope::All,
+            snapshot,
+            after: None,
+            limit: 100_000,
+        })
+        .await
+        .unwrap()
+    }
+
+    /// A claimer on its own connection, as the worker claims: up to `limit` jobs a call, the
+    /// last batch's outcomes (`outcome` of each job) carried by the next call, a deadlock run
+    /// again. Stops after `idle` empty claims in a row while `busy()` is false.
+    async fn claimer(
+        url: &str,
+        w: usize,
+        limit: usize,
+        idle: usize,
+        busy: impl Fn() -> bool,
+        outcome: impl Fn(&ClaimedJob) -> Outcome,
+        mut seen: impl FnMut(&[ClaimedJob]),
+    ) {
+        let store = open(url, 2, false).await.unwrap();
+        let mut finished: Vec<Outcome> = vec![];
+        let mut empty = 0;
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while empty < idle || busy() {
+            assert!(std::time::Instant::now() < deadline, "claimer {w} too slow");
+            let r = ClaimRequest {
+                owner: format!("w{w}"),
+                limit,
+                ttl_ms: 60_000,
+                max_attempts: 5,
+                probe: true,
+            };
+            let got = crate::store::claim(store.as_ref(), &finished, &r)
+                .await
+                .unwrap();
+            finished = got.iter().map(&outcome).collect();
+            if got.is_empty() {
+                empty += 1;
+                sleep_ms(5).await;
+            } else {
+                empty = 0;
+                seen(&got);
+            }
+        }
+        crate::store::finish(store.as_ref(), &finished)
+            .await
+            .unwrap();
+        store.close().await;
+    }
+
+    /// Producers enqueue (batches of 1 to 1,500 jobs, some due later, over three lanes) while
+    /// claimers drain, failing every 5th job once: every job ends done, claimed once per
+    /// attempt. A job that a claim passed over while it was being enqueued must still be found.
+    pub async fn jobs_enqueued_while_claimers_run_are_all_claimed(s: Arc<dyn Store>, url: String) {
+        const PRODUCERS: usize = 3;
+        const BATCHES: [usize; 6] = [1, 7, 1_500, 40, 1, 300];
+        let total: usize = PRODUCERS * BATCHES.iter().sum::<usize>();
+        let producing = Arc::new(std::sync::atomic::AtomicUsize::new(PRODUCERS));
+        let claims = Arc::new(Mutex::new(Vec::<(String, i64)>::new()));
+        let mut tasks = vec![];
+        for p in 0..PRODUCERS {
+            let url = url.clone();
+            let producing = producing.clone();
+            tasks.push(tokio::spawn(async move {
+                let store = open(&url, 2, false).await.unwrap();
+                let mut n = 0;
+                for (b, size) in BATCHES.iter().enumerate() {
+                    let jobs: Vec<NewJob> = (0..*size)
+                        .map(|i| {
+                            n += 1;
+                            let mut j = job(["a", "b", ""][(i + b) % 3], &format!("p{p}-{n}"));
+                            if n % 11 == 0 {
+                                j.delay_ms = Some(30);
+                            }
+                            j
+                        })
+                        .collect();
+                    crate::store::enqueue(store.as_ref(), &JobBatch::from(&jobs[..]))
+                        .await
+                        .unwrap();
+                    sleep_ms(3).await;
+                }
+                producing.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                store.close().await;
+            }));
+        }
+        for w in 0..3 {
+            let url = url.clone();
+            let producing = producing.clone();
+            let claims = claims.clone();
+            tasks.push(tokio::spawn(async move {
+                let busy = move || producing.load(std::sync::atomic::Ordering::SeqCst) > 0;
+                let fail_once = |j: &ClaimedJob| {
+                    let n: usize = j.id.rsplit('-').next().unwrap().parse().unwrap();
+                    if n % 5 == 0 && j.attempt == 1 {
+                        Outcome::Failed {
+                            seq: j.seq,
+                            token: j.token,
+                            org: j.org.clone(),
+                            error: "once".into(),
+                            delay_ms: 0,
+                        }
+                    } else {
+                        done(j, "true")
+                    }
+                };
+                claimer(&url, w, 25, 40, busy, fail_once, |got| {
+                    claims
+                        .lock()
+                        .unwrap()
+                        .extend(got.iter().map(|j| (j.id.clone(), j.attempt)))
+                })
+                .await;
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let mut claims = claims.lock().unwrap().clone();
+        claims.sort();
+        let before = claims.len();
+        claims.dedup();
+        assert_eq!(claims.len(), before, "no attempt claimed twice");
+        let firsts = claims.iter().filter(|(_, a)| *a == 1).count();
+        assert_eq!(firsts, total, "every job claimed");
+        let rows = all_jobs(&s).await;
+        assert_eq!(rows.len(), total);
+        let not_done: Vec<_> = rows.iter().filter(|r| r.state != DONE).collect();
+        assert!(
+            not_done.is_empty(),
+            "not done: {:?}",
+            &not_done[..not_done.len().min(3)]
+        );
+    }
+
     pub async fn concurrent_claimers_never_take_the_same_job(s: Arc<dyn Store>, url: String) {
         let jobs: Vec<NewJob> = (0..2_000)
             .map(|i| job(["a", "b", "c", "d", "e", "", "g"][i % 7], &format!("{i}")))
@@ -1562,31 +1742,17 @@ pub(crate) mod suite {
             let url = url.clone();
             let seen = seen.clone();
             tasks.push(tokio::spawn(async move {
-                let store = open(&url, 2, false).await.unwrap();
-                let mut finished: Vec<Outcome> = vec![];
-                let mut idle = 0;
-                let deadline = std::time::Instant::now() + Duration::from_secs(120);
-                while idle < 20 {
-                    assert!(std::time::Instant::now() < deadline, "worker {w} too slow");
-                    let r = ClaimRequest {
-                        owner: format!("w{w}"),
-                        limit: 10,
-                        ttl_ms: 60_000,
-                        max_attempts: 5,
-                        probe: true,
-                    };
-                    let got = store.claim(&finished, &r).await.unwrap();
-                    finished = got.iter().map(|j| done(j, "true")).collect();
-                    if got.is_empty() {
-                        idle += 1;
-                        sleep_ms(5).await;
-                    } else {
-                        idle = 0;
-                        seen.lock().unwrap().extend(got.iter().map(|j| j.seq));
-                    }
-                }
-                store.finish(&finished).await.unwrap();
-                store.close().await;
+                let all_done = |j: &ClaimedJob| done(j, "true");
+                claimer(
+                    &url,
+                    w,
+                    10,
+                    20,
+                    || false,
+                    all_done,
+                    |got| seen.lock().unwrap().extend(got.iter().map(|j| j.seq)),
+                )
+                .await;
             }));
         }
         for t in tasks {
@@ -1597,16 +1763,7 @@ pub(crate) mod suite {
         seen.sort_unstable();
         seen.dedup();
         assert_eq!(seen.len(), 2_000, "no job claimed twice");
-        let snap = s.max_seq().await.unwrap();
-        let rows = s
-            .list_jobs(&ListQuery {
-                scope: ListScope::All,
-                snapshot: snap,
-                after: None,
-                limit: 10_000,
-            })
-            .await
-            .unwrap();
+        let rows = all_jobs(&s).await;
         assert_eq!(rows.len(), 2_000);
         assert!(rows.iter().all(|r| r.state == DONE && r.attempts == 1));
     }
@@ -1719,6 +1876,11 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn concurrent_claimers_never_take_the_same_job() {
         with_store(suite::concurrent_claimers_never_take_the_same_job).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn jobs_enqueued_while_claimers_run_are_all_claimed() {
+        with_store(suite::jobs_enqueued_while_claimers_run_are_all_claimed).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1916,6 +2078,14 @@ mod tests {
             let (_d, u) = url();
             let s = open(&u, 4, true).await.unwrap();
             suite::concurrent_claimers_never_take_the_same_job(s.clone(), u).await;
+            s.close().await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn jobs_enqueued_while_claimers_run_are_all_claimed() {
+            let (_d, u) = url();
+            let s = open(&u, 4, true).await.unwrap();
+            suite::jobs_enqueued_while_claimers_run_are_all_claimed(s.clone(), u).await;
             s.close().await;
         }
 
