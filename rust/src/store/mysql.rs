@@ -1331,6 +1331,7 @@ mod tests {
         max_depth_counts_the_calls_own_jobs_and_writes_nothing,
         steps_keep_the_first_result,
         a_100k_job_enqueue_is_one_call,
+        a_batch_over_many_organizations_is_one_call,
         big_payloads_are_split_by_size,
         ids_are_exact_and_scoped_per_organization,
         listings_cancel_and_renew,

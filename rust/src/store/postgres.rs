@@ -82,7 +82,7 @@ const CLAIM: &str = "SELECT seq, lease_token, org, id, type, payload, attempts, 
 /// The jobs of an enqueue from six arrays ($1 org, $2 id, $3 type, $4 payload, $5 run_at,
 /// $6 delay_ms); an id already present is skipped. A job due at the server's clock (no
 /// run_at, no delay) is `in_order`: its lane's head finds it, the due index does not hold it. `$gate` is
-/// a condition on the whole statement (see `ENQUEUE_ONE`).
+/// a condition on the whole statement (see `enqueue_one!`).
 macro_rules! insert_jobs {
     ($gate:literal) => {
         concat!(
@@ -109,42 +109,89 @@ macro_rules! insert_jobs {
 
 const INSERT_JOBS: &str = insert_jobs!("");
 
-/// The enqueue lock of each distinct organization of $1, in org order: a transaction-level
-/// advisory lock that only enqueues take, from before their jobs get seqs until they commit.
-/// Enqueues into one lane so commit in seq order, which the lanes' heads rely on (migration
-/// 0001); claims never take it, so an enqueue in flight never keeps a lane from being served.
-macro_rules! lock_lanes {
+/// Enqueue locks: transaction-level advisory locks that only enqueues take, from before their
+/// jobs get seqs until they commit. Enqueues into one lane so commit in seq order, which the
+/// lanes' heads rely on (migration 0001); claims never take them, so an enqueue in flight never
+/// keeps a lane from being served. A batch of at most `LANE_LOCKS_MAX` lanes takes the
+/// gnl-wide lock shared, then each lane's lock in org order (`lock_each_lane!`); a batch of
+/// more lanes, whose locks would crowd the server's lock table (64 a connection by default),
+/// takes the gnl-wide lock alone, exclusively (`lock_all_lanes!`). Each is a CTE `lk` of one
+/// row over the organizations $1; reading it takes the locks.
+const LANE_LOCKS_MAX: usize = 32;
+
+macro_rules! lock_each_lane {
     () => {
-        "SELECT count(pg_advisory_xact_lock(hashtextextended('gnl_lane:' || k.o, 0)))
-         FROM (SELECT DISTINCT o FROM unnest($1::text[]) AS o ORDER BY o) AS k"
+        "lk AS (
+           SELECT count(pg_advisory_xact_lock(hashtextextended('gnl_lane:' || k.o, 0)))
+           FROM (SELECT DISTINCT o FROM unnest($1::text[]) AS o ORDER BY o) AS k
+           WHERE (SELECT count(pg_advisory_xact_lock_shared(hashtextextended('gnl_lanes', 0)))) >= 0
+         )"
+    };
+}
+
+macro_rules! lock_all_lanes {
+    () => {
+        "lk AS (
+           SELECT count(pg_advisory_xact_lock(hashtextextended('gnl_lanes', 0)))
+           WHERE cardinality($1::text[]) >= 0
+         )"
     };
 }
 
 /// A whole enqueue in one statement: the enqueue locks, then the jobs (their `WHERE` waits for
 /// the locks), then their lanes (from the rows actually inserted).
-const ENQUEUE_ONE: &str = concat!(
-    "WITH lk AS (",
-    lock_lanes!(),
-    "),
-     ins AS (",
-    insert_jobs!(
-        "
+macro_rules! enqueue_one {
+    ($lock:expr) => {
+        concat!(
+            "WITH ",
+            $lock,
+            ",
+             ins AS (",
+            insert_jobs!(
+                "
              WHERE (SELECT * FROM lk) >= 0"
-    ),
-    "
-       RETURNING org, run_at
-     ),
-     ln AS (
-       INSERT INTO gnl_lanes (org, next_run_at, served_at)
-       SELECT org, min(run_at), 0 FROM ins GROUP BY org ORDER BY org
-       ON CONFLICT (org) DO UPDATE SET next_run_at = least(gnl_lanes.next_run_at, excluded.next_run_at)
-     )
-     SELECT count(*) FROM ins"
-);
+            ),
+            "
+               RETURNING org, run_at
+             ),
+             ln AS (
+               INSERT INTO gnl_lanes (org, next_run_at, served_at)
+               SELECT org, min(run_at), 0 FROM ins GROUP BY org ORDER BY org
+               ON CONFLICT (org) DO UPDATE SET next_run_at = least(gnl_lanes.next_run_at, excluded.next_run_at)
+             )
+             SELECT count(*) FROM ins"
+        )
+    };
+}
 
 /// Before a multi-statement enqueue writes its jobs: the enqueue locks of $1's organizations
 /// and the server's clock (the `now` of the jobs' rows).
-const ENQUEUE_LOCK: &str = concat!("SELECT ", now_ms!(), ", (", lock_lanes!(), ")");
+macro_rules! enqueue_lock {
+    ($lock:expr) => {
+        concat!(
+            "WITH ",
+            $lock,
+            " SELECT ",
+            now_ms!(),
+            ", (SELECT * FROM lk)"
+        )
+    };
+}
+
+/// The enqueue statements, with the locks of each lane or of all (`LANE_LOCKS_MAX`).
+const ENQUEUE_ONE: [&str; 2] = [
+    enqueue_one!(lock_each_lane!()),
+    enqueue_one!(lock_all_lanes!()),
+];
+const ENQUEUE_LOCK: [&str; 2] = [
+    enqueue_lock!(lock_each_lane!()),
+    enqueue_lock!(lock_all_lanes!()),
+];
+
+/// Which of `ENQUEUE_ONE` / `ENQUEUE_LOCK` a batch takes.
+fn lock_kind(jobs: &JobBatch) -> usize {
+    usize::from(jobs.lanes().len() > LANE_LOCKS_MAX)
+}
 
 /// After a multi-statement enqueue wrote its jobs: the lanes ($1 orgs, $2 each one's earliest
 /// due instant).
@@ -465,7 +512,7 @@ impl PostgresStore {
     async fn lock_lanes(&self, tx: &mut Tx, jobs: &JobBatch) -> Result<i64> {
         let orgs: Vec<&str> = jobs.lanes().iter().map(|(o, _)| *o).collect();
         self.counted(1);
-        let (now, _): (i64, i64) = sqlx::query_as(ENQUEUE_LOCK)
+        let (now, _): (i64, i64) = sqlx::query_as(ENQUEUE_LOCK[lock_kind(jobs)])
             .bind(orgs)
             .fetch_one(&mut **tx)
             .await?;
@@ -497,7 +544,7 @@ impl PostgresStore {
             // One statement is one transaction.
             let (o, i, t, p, r, d) = job_arrays(jobs, 0..jobs.len());
             self.counted(1);
-            sqlx::query(ENQUEUE_ONE)
+            sqlx::query(ENQUEUE_ONE[lock_kind(jobs)])
                 .bind(o)
                 .bind(i)
                 .bind(t)
@@ -512,7 +559,7 @@ impl PostgresStore {
         if parts.len() == 1 {
             let (o, i, t, p, r, d) = job_arrays(jobs, 0..jobs.len());
             self.counted(1);
-            sqlx::query(ENQUEUE_ONE)
+            sqlx::query(ENQUEUE_ONE[lock_kind(jobs)])
                 .bind(o)
                 .bind(i)
                 .bind(t)
@@ -1298,6 +1345,25 @@ pub(crate) mod suite {
         );
     }
 
+    /// One call over 20,000 organizations (and one small call over 100) is written whole, and
+    /// every job is claimable: no per-organization lock or statement limit reaches the caller.
+    pub async fn a_batch_over_many_organizations_is_one_call(s: Arc<dyn Store>) {
+        let big: Vec<NewJob> = (0..20_000).map(|i| job(&format!("org{i}"), "x")).collect();
+        s.enqueue(&big).await.unwrap();
+        let small: Vec<NewJob> = (0..100).map(|i| job(&format!("s{i}"), "y")).collect();
+        s.enqueue(&small).await.unwrap();
+        assert_eq!(count_jobs(&s).await, 20_100);
+        let mut claimed = 0;
+        loop {
+            let got = s.claim(&[], &req(2_000, 60_000)).await.unwrap();
+            if got.is_empty() {
+                break;
+            }
+            claimed += got.len();
+        }
+        assert_eq!(claimed, 20_100);
+    }
+
     pub async fn big_payloads_are_split_by_size(s: Arc<dyn Store>) {
         // 40 MB in one call: more than a MySQL packet holds.
         let big = format!("\"{}\"", "x".repeat(1 << 20));
@@ -1646,7 +1712,7 @@ pub(crate) mod suite {
         store.close().await;
     }
 
-    /// Producers enqueue (batches of 1 to 1,500 jobs, some due later, over three lanes) while
+    /// Producers enqueue (batches of 1 to 1,500 jobs, some due later, over 3 or 40 lanes) while
     /// claimers drain, failing every 5th job once: every job ends done, claimed once per
     /// attempt. A job that a claim passed over while it was being enqueued must still be found.
     pub async fn jobs_enqueued_while_claimers_run_are_all_claimed(s: Arc<dyn Store>, url: String) {
@@ -1666,7 +1732,14 @@ pub(crate) mod suite {
                     let jobs: Vec<NewJob> = (0..*size)
                         .map(|i| {
                             n += 1;
-                            let mut j = job(["a", "b", ""][(i + b) % 3], &format!("p{p}-{n}"));
+                            // Batch 3 (40 jobs) spans 40 lanes: more than one enqueue
+                            // locks lane by lane (LANE_LOCKS_MAX on Postgres).
+                            let org = if b == 3 {
+                                format!("m{i}")
+                            } else {
+                                ["a", "b", ""][(i + b) % 3].to_string()
+                            };
+                            let mut j = job(&org, &format!("p{p}-{n}"));
                             if n % 11 == 0 {
                                 j.delay_ms = Some(30);
                             }
@@ -1866,6 +1939,7 @@ mod tests {
         max_depth_counts_the_calls_own_jobs_and_writes_nothing,
         steps_keep_the_first_result,
         a_100k_job_enqueue_is_one_call,
+        a_batch_over_many_organizations_is_one_call,
         big_payloads_are_split_by_size,
         ids_are_exact_and_scoped_per_organization,
         listings_cancel_and_renew,
@@ -2070,6 +2144,7 @@ mod tests {
             ids_are_exact_and_scoped_per_organization,
             listings_cancel_and_renew,
             the_clock_is_the_stores,
+            a_batch_over_many_organizations_is_one_call,
             a_big_batch_skips_taken_and_repeated_ids,
         );
 
