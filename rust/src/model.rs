@@ -82,8 +82,8 @@ struct Packed {
 pub struct JobBatch {
     text: String,
     jobs: Vec<Packed>,
-    orgs: Vec<String>,
-    types: Vec<String>,
+    orgs: Interned,
+    types: Interned,
     /// Per organization (index into `orgs`): earliest absolute `run_at`, smallest delay,
     /// whether some job is due now, smallest `max_depth`.
     lanes: Vec<LaneSummary>,
@@ -113,13 +113,41 @@ impl LaneSummary {
     }
 }
 
-fn intern(table: &mut Vec<String>, s: &str) -> u32 {
-    // Batches hold a handful of organizations and types; the last one usually repeats.
-    if let Some(i) = table.iter().rposition(|t| t == s) {
-        return i as u32;
+/// Names interned in order of first use: a batch's organizations or types.
+#[derive(Debug, Default, Clone)]
+struct Interned {
+    names: Vec<String>,
+    /// name -> index, kept once there are more than `SCAN_MAX` names (a batch over many
+    /// organizations would otherwise scan them all for every job).
+    index: std::collections::HashMap<String, u32>,
+}
+
+impl Interned {
+    const SCAN_MAX: usize = 16;
+
+    fn get(&mut self, s: &str) -> u32 {
+        // Batches usually hold a handful of names, and the last one usually repeats.
+        if self.names.len() <= Self::SCAN_MAX {
+            if let Some(i) = self.names.iter().rposition(|t| t == s) {
+                return i as u32;
+            }
+        } else if self.names.last().is_some_and(|t| t == s) {
+            return (self.names.len() - 1) as u32;
+        } else if let Some(i) = self.index.get(s) {
+            return *i;
+        }
+        self.names.push(s.to_string());
+        if self.names.len() > Self::SCAN_MAX {
+            if self.index.is_empty() {
+                for (i, n) in self.names.iter().enumerate() {
+                    self.index.insert(n.clone(), i as u32);
+                }
+            } else {
+                self.index.insert(s.to_string(), (self.names.len() - 1) as u32);
+            }
+        }
+        (self.names.len() - 1) as u32
     }
-    table.push(s.to_string());
-    (table.len() - 1) as u32
 }
 
 impl JobBatch {
@@ -149,7 +177,7 @@ impl JobBatch {
             self.text.truncate(start);
             return Err(e);
         }
-        let org_i = intern(&mut self.orgs, org);
+        let org_i = self.orgs.get(org);
         if org_i as usize == self.lanes.len() {
             self.lanes.push(LaneSummary::default());
         }
@@ -162,7 +190,7 @@ impl JobBatch {
         if let Some(m) = max_depth {
             lane.max_depth = Some(lane.max_depth.map_or(m, |a| a.min(m)));
         }
-        let typ = intern(&mut self.types, typ);
+        let typ = self.types.get(typ);
         self.jobs.push(Packed {
             start,
             id_len: id.len() as u32,
@@ -203,9 +231,9 @@ impl JobBatch {
         let id_end = p.start + p.id_len as usize;
         let end = self.jobs.get(i + 1).map_or(self.text.len(), |n| n.start);
         JobRef {
-            org: &self.orgs[p.org as usize],
+            org: &self.orgs.names[p.org as usize],
             id: &self.text[p.start..id_end],
-            typ: &self.types[p.typ as usize],
+            typ: &self.types.names[p.typ as usize],
             payload: &self.text[id_end..end],
             due: p.due,
         }
@@ -225,6 +253,7 @@ impl JobBatch {
     pub fn lanes(&self) -> Vec<(&str, LaneSummary)> {
         let mut v: Vec<(&str, LaneSummary)> = self
             .orgs
+            .names
             .iter()
             .map(String::as_str)
             .zip(self.lanes.iter().copied())
@@ -373,4 +402,28 @@ pub struct ListQuery {
     /// Keyset position: list strictly after (org, seq).
     pub after: Option<(String, i64)>,
     pub limit: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_keeps_each_jobs_organization_and_type_over_many_names() {
+        // More names than `Interned::SCAN_MAX`, repeated out of order.
+        let mut b = JobBatch::default();
+        for i in 0..200 {
+            let org = format!("org{}", (i * 7) % 50);
+            let typ = format!("t{}", i % 3);
+            b.push(&org, &format!("id{i}"), &typ, "{}", Due::Now, None);
+        }
+        for (i, j) in b.iter().enumerate() {
+            assert_eq!(j.org, format!("org{}", (i * 7) % 50));
+            assert_eq!(j.typ, format!("t{}", i % 3));
+            assert_eq!(j.id, format!("id{i}"));
+        }
+        let lanes = b.lanes();
+        assert_eq!(lanes.len(), 50);
+        assert!(lanes.windows(2).all(|w| w[0].0 < w[1].0));
+    }
 }
