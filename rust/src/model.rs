@@ -143,7 +143,8 @@ impl Interned {
                     self.index.insert(n.clone(), i as u32);
                 }
             } else {
-                self.index.insert(s.to_string(), (self.names.len() - 1) as u32);
+                self.index
+                    .insert(s.to_string(), (self.names.len() - 1) as u32);
             }
         }
         (self.names.len() - 1) as u32
