@@ -72,6 +72,15 @@ const PRECHECK: &str = concat!(
     ", 0) AS SIGNED)"
 );
 
+/// Whether some lane has a due job: one index end read. MIN() skips NULLs; with `WHERE
+/// next_run_at IS NOT NULL` MariaDB read the index as a range instead (45 ms at 100,000 lanes
+/// with jobs due later).
+const HAS_DUE: &str = concat!(
+    "SELECT CAST(COALESCE((SELECT MIN(next_run_at) FROM gnl_lanes) <= ",
+    now_ms!(),
+    ", 0) AS SIGNED)"
+);
+
 const CLAIM_LANES: &str = concat!(
     "SELECT org FROM gnl_lanes FORCE INDEX (gnl_lanes_turn) \
      WHERE due_turn IS NOT NULL AND next_run_at <= ",
@@ -1062,7 +1071,7 @@ impl Store for MysqlStore {
 
     async fn has_due(&self) -> Result<bool> {
         self.counted(1);
-        let due: i64 = sqlx::query_scalar(concat!("SELECT CAST(COALESCE((SELECT MIN(next_run_at) FROM gnl_lanes WHERE next_run_at IS NOT NULL) <= ", now_ms!(), ", 0) AS SIGNED)")).fetch_one(&self.pool).await?;
+        let due: i64 = sqlx::query_scalar(HAS_DUE).fetch_one(&self.pool).await?;
         Ok(due != 0)
     }
 
@@ -1494,6 +1503,8 @@ mod tests {
             );
             let plan = explain(super::PRECHECK.to_string()).await;
             assert!(!plan.contains("ALL"), "{plan}");
+            let plan = explain(super::HAS_DUE.to_string()).await;
+            assert!(plan.contains("optimized away"), "{plan}");
             pool.close().await;
         })
         .await;
