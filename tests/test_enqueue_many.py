@@ -172,23 +172,50 @@ async def test_already_enqueued_ids_are_one_job(storage: gnl.Storage) -> None:
     assert await job_count(storage) == 2
 
 
-async def test_a_big_call_with_taken_and_repeated_ids(storage: gnl.Storage) -> None:
-    """A big call (Postgres writes it with COPY) in which one id is taken and one repeats: the
-    first writer of each id keeps it, every other job is added, the ids come back as given."""
+@pytest.mark.parametrize("n", [3_000, 9_000])
+async def test_a_big_call_with_taken_and_repeated_ids(storage: gnl.Storage, n: int) -> None:
+    """A big call (Postgres writes it with COPY; 9,000 jobs are also sent in parts while they
+    are packed) in which one id is taken and one repeats: the first writer of each id keeps it,
+    every other job is added, the ids come back as given."""
     await gnl.enqueue(storage, "t", "original", id="row:1500")
-    jobs: list[Any] = [
-        {"type": "t", "payload": i, "options": {"id": f"row:{i}"}} for i in range(3_000)
-    ]
-    jobs[2_999] = {"type": "t", "payload": "again", "options": {"id": "row:7"}}
+    jobs: list[Any] = [{"type": "t", "payload": i, "options": {"id": f"row:{i}"}} for i in range(n)]
+    jobs[n - 1] = {"type": "t", "payload": "again", "options": {"id": "row:7"}}
     ids = await gnl.enqueue_many(storage.work, jobs)
     assert all(got is job["options"]["id"] for got, job in zip(ids, jobs, strict=True))
-    assert await job_count(storage) == 2_999
+    assert await job_count(storage) == n - 1
     taken = await gnl.get_job(storage, "row:1500")
     assert taken is not None and taken.payload == "original"
     repeated = await gnl.get_job(storage, "row:7")
     assert repeated is not None and repeated.payload == 7
     worker = gnl.create_worker(storage, {"t": noop}, concurrency=100)
-    assert (await worker.drain()).succeeded == 2_999
+    assert (await worker.drain()).succeeded == n - 1
+
+
+async def test_a_bad_job_late_in_a_big_call_writes_nothing(storage: gnl.Storage) -> None:
+    """Postgres starts writing a big call before its last jobs are checked: a bad job near
+    the end still refuses the whole call, and the next call into the same lanes goes through."""
+    jobs: list[Any] = [
+        {"type": "t", "payload": i, "options": {"id": f"j{i}", "org_id": f"o{i % 3}"}}
+        for i in range(10_000)
+    ]
+    bad = dict(jobs[9_000], payload={1, 2})
+    with pytest.raises(gnl.InvalidJobError) as e:
+        await gnl.enqueue_many(storage.work, [*jobs[:9_000], bad, *jobs[9_001:]])
+    assert e.value.index == 9_000
+    assert await job_count(storage) == 0
+    ids = await gnl.enqueue_many(storage.work, jobs)
+    assert len(ids) == 10_000 and await job_count(storage) == 10_000
+
+
+async def test_max_depth_in_a_big_call(storage: gnl.Storage) -> None:
+    """max_depth counts the call's own jobs in a call big enough to be sent in parts."""
+    jobs = [gnl.JobSpec(type="t", org_id="acme", max_depth=4_999) for _ in range(5_000)]
+    with pytest.raises(gnl.QueueFullError):
+        await gnl.enqueue_many(storage, jobs)
+    assert await job_count(storage) == 0
+    jobs = [gnl.JobSpec(type="t", org_id="acme", max_depth=5_000) for _ in range(5_000)]
+    assert len(await gnl.enqueue_many(storage, jobs)) == 5_000
+    assert await job_count(storage) == 5_000
 
 
 async def test_max_depth_counts_the_calls_own_jobs(storage: gnl.Storage) -> None:

@@ -42,6 +42,9 @@ pub enum Error {
     UnsupportedStore(String),
     /// The storage was closed.
     Closed,
+    /// A call fed in parts was abandoned by its caller before the last part (nothing was
+    /// written); the caller has reported why.
+    Abandoned,
 }
 
 impl fmt::Display for Error {
@@ -71,6 +74,7 @@ impl fmt::Display for Error {
             ),
             Error::UnsupportedStore(m) => f.write_str(m),
             Error::Closed => f.write_str("this storage is closed"),
+            Error::Abandoned => f.write_str("the call was abandoned before its last part"),
         }
     }
 }

@@ -100,7 +100,35 @@ pub struct LaneSummary {
     pub max_depth: Option<i64>,
 }
 
+/// Each organization of `batches` (parts of one batch) with what they ask of its lane
+/// together, in name order.
+pub fn lanes_of<'a>(
+    batches: impl IntoIterator<Item = &'a JobBatch>,
+) -> Vec<(&'a str, LaneSummary)> {
+    let mut all: std::collections::BTreeMap<&'a str, LaneSummary> = Default::default();
+    for b in batches {
+        for (org, lane) in b.orgs.names.iter().zip(&b.lanes) {
+            all.entry(org.as_str()).or_default().merge(lane);
+        }
+    }
+    all.into_iter().collect()
+}
+
 impl LaneSummary {
+    /// What this lane and `other` ask together.
+    pub fn merge(&mut self, other: &LaneSummary) {
+        fn min(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+            match (a, b) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, None) => a,
+                (None, b) => b,
+            }
+        }
+        self.min_at = min(self.min_at, other.min_at);
+        self.min_after = min(self.min_after, other.min_after);
+        self.max_depth = min(self.max_depth, other.max_depth);
+    }
+
     /// The earliest due instant, given the store's clock `now`.
     pub fn earliest(&self, now: i64) -> i64 {
         let rel = self.min_after.map(|d| now.saturating_add(d));
@@ -252,15 +280,30 @@ impl JobBatch {
 
     /// Each organization of the batch with what the batch asks of its lane, in name order.
     pub fn lanes(&self) -> Vec<(&str, LaneSummary)> {
-        let mut v: Vec<(&str, LaneSummary)> = self
-            .orgs
-            .names
-            .iter()
-            .map(String::as_str)
-            .zip(self.lanes.iter().copied())
-            .collect();
-        v.sort_by(|a, b| a.0.cmp(b.0));
-        v
+        lanes_of([self])
+    }
+
+    /// Make room for `jobs` more jobs of about `text_per_job` bytes of id and payload each.
+    pub fn reserve(&mut self, jobs: usize, text_per_job: usize) {
+        self.jobs.reserve(jobs);
+        self.text.reserve(jobs.saturating_mul(text_per_job));
+    }
+
+    /// Bytes of ids and payloads held.
+    pub fn text_bytes(&self) -> usize {
+        self.text.len()
+    }
+
+    /// Add every job of `other` after this batch's (its payloads as they are, its lanes'
+    /// `max_depth`s kept).
+    pub fn append(&mut self, other: &JobBatch) {
+        for j in other.iter() {
+            self.push(j.org, j.id, j.typ, j.payload, j.due, None);
+        }
+        for (org, lane) in other.orgs.names.iter().zip(&other.lanes) {
+            let i = self.orgs.get(org) as usize;
+            self.lanes[i].merge(lane);
+        }
     }
 
     /// Whether some job asks for a `max_depth`.
@@ -426,5 +469,46 @@ mod tests {
         let lanes = b.lanes();
         assert_eq!(lanes.len(), 50);
         assert!(lanes.windows(2).all(|w| w[0].0 < w[1].0));
+    }
+
+    #[test]
+    fn appended_parts_are_the_batch_they_were_cut_from() {
+        let mut whole = JobBatch::default();
+        let mut parts = vec![JobBatch::default(), JobBatch::default()];
+        for i in 0..40 {
+            let (org, due, depth) = (
+                format!("o{}", i % 3),
+                [Due::Now, Due::At(5 + i), Due::After(7)][i as usize % 3],
+                (i == 33).then_some(2),
+            );
+            let payload = format!("{{\"i\":{i}}}");
+            whole.push(&org, &format!("{i}"), "t", &payload, due, depth);
+            parts[(i / 20) as usize].push(&org, &format!("{i}"), "t", &payload, due, depth);
+        }
+        let mut joined = JobBatch::default();
+        for p in &parts {
+            joined.append(p);
+        }
+        let rows = |b: &JobBatch| {
+            b.iter()
+                .map(|j| {
+                    (
+                        j.org.to_string(),
+                        j.id.to_string(),
+                        j.payload.to_string(),
+                        j.due,
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(rows(&joined), rows(&whole));
+        let lanes = |b: &JobBatch| {
+            b.lanes()
+                .iter()
+                .map(|(o, l)| (o.to_string(), l.min_at, l.min_after, l.max_depth))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(lanes(&joined), lanes(&whole));
+        assert!(joined.has_limits());
     }
 }

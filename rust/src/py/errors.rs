@@ -36,7 +36,7 @@ pub fn to_py(e: Error) -> PyErr {
             SchemaTooNewError::new_err((msg, found, expected))
         }
         Error::UnsupportedStore(_) => UnsupportedStoreError::new_err(msg),
-        Error::Closed => GnlError::new_err(msg),
+        Error::Closed | Error::Abandoned => GnlError::new_err(msg),
     }
 }
 

@@ -4,7 +4,7 @@
 use pyo3::exceptions::PyTypeError;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyString};
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
 use super::errors::{to_py, InvalidArgumentError, InvalidJobError};
 use super::json;
@@ -261,9 +261,28 @@ pub fn convert(
     jobs: &Bound<'_, PyAny>,
     single: bool,
 ) -> PyResult<(JobBatch, Vec<Py<PyAny>>)> {
+    let mut whole = None;
+    let ids = convert_parts(py, jobs, single, usize::MAX, |b| whole = Some(b))?;
+    Ok((whole.unwrap_or_default(), ids))
+}
+
+/// `convert`, handing the batch to `emit` in parts of `part_jobs` jobs as they are packed
+/// (the last part may be shorter; an empty list gives one empty part). When a job is bad,
+/// the parts emitted so far are all there is: the caller abandons them.
+pub fn convert_parts(
+    py: Python<'_>,
+    jobs: &Bound<'_, PyAny>,
+    single: bool,
+    part_jobs: usize,
+    mut emit: impl FnMut(JobBatch),
+) -> PyResult<Vec<Py<PyAny>>> {
     let n = jobs.len().unwrap_or(0);
     // Ids and payloads of the peerbench's jobs take ~80 bytes; the buffer grows if needed.
-    let mut batch = JobBatch::with_capacity(n, n * 80);
+    let part_of = |left: usize| {
+        let k = left.min(part_jobs);
+        JobBatch::with_capacity(k, k * 80)
+    };
+    let mut batch = part_of(n);
     let mut ids = Vec::with_capacity(n);
     for (i, spec) in jobs.try_iter()?.enumerate() {
         let spec = spec?;
@@ -277,6 +296,62 @@ pub fn convert(
                 return Err(err);
             }
         }
+        if batch.len() == part_jobs {
+            emit(std::mem::replace(&mut batch, part_of(n - i - 1)));
+        }
     }
-    Ok((batch, ids))
+    if !batch.is_empty() || ids.is_empty() {
+        emit(batch);
+    }
+    Ok(ids)
+}
+
+/// The organizations of a list of job specs, sorted and distinct ("" for none), read without
+/// checking anything else: `None` when `jobs` is not a list or tuple of dicts and
+/// `gnl.JobSpec`s whose organization is None or a str (the caller then converts the plain way,
+/// which reports what is wrong).
+pub fn organizations(jobs: &Bound<'_, PyAny>) -> Option<Vec<String>> {
+    let py = jobs.py();
+    let items: Vec<Bound<'_, PyAny>> = if let Ok(l) = jobs.cast::<PyList>() {
+        l.iter().collect()
+    } else if let Ok(t) = jobs.cast::<PyTuple>() {
+        t.iter().collect()
+    } else {
+        return None;
+    };
+    let mut orgs = std::collections::BTreeSet::<String>::new();
+    let mut last: Option<Bound<'_, PyAny>> = None;
+    for spec in items {
+        let org = if let Ok(d) = spec.cast::<PyDict>() {
+            match d.get_item(intern!(py, "options")).ok()? {
+                None => None,
+                Some(o) if o.is_none() => None,
+                Some(o) => o
+                    .cast::<PyDict>()
+                    .ok()?
+                    .get_item(intern!(py, "org_id"))
+                    .ok()?,
+            }
+        } else if spec.hasattr(intern!(py, "__gnl_job_spec__")).ok()? {
+            Some(spec.getattr(intern!(py, "org_id")).ok()?)
+        } else {
+            return None;
+        };
+        let org = org.filter(|o| !o.is_none());
+        // The same str object as the last job's: nothing new.
+        if let (Some(o), Some(l)) = (&org, &last) {
+            if o.is(l) {
+                continue;
+            }
+        }
+        let name = match &org {
+            None => "",
+            Some(o) => o.cast::<PyString>().ok()?.to_str().ok()?,
+        };
+        if !orgs.contains(name) {
+            orgs.insert(name.to_string());
+        }
+        last = org;
+    }
+    Some(orgs.into_iter().collect())
 }

@@ -22,6 +22,12 @@ use crate::store::{self, Store};
 use crate::worker::WorkerCore;
 use errors::{internal, to_py, InvalidArgumentError};
 
+/// `enqueue_many` calls of at least this many jobs go to a store that streams them
+/// (`Store::streams_enqueue`) in parts of `STREAM_PART_JOBS`, written while the rest are
+/// checked and packed.
+const STREAM_MIN_JOBS: usize = 4_096;
+const STREAM_PART_JOBS: usize = 2_048;
+
 /// Native threads inside (or about to enter) Python. `quiesce` waits for them at exit.
 static INFLIGHT: AtomicUsize = AtomicUsize::new(0);
 /// Set by `quiesce` (an `atexit` hook): from then on native threads never enter Python.
@@ -191,8 +197,37 @@ impl NativeStore {
         jobs: &Bound<'py, PyAny>,
         single: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let (batch, ids) = jobs::convert(py, jobs, single)?;
         let s = self.inner.clone();
+        let n = jobs.len().unwrap_or(0);
+        if !single && s.streams_enqueue() && n >= STREAM_MIN_JOBS {
+            if let Some(orgs) = jobs::organizations(jobs) {
+                // The store writes the first parts while the rest are checked and packed.
+                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+                let store = s.clone();
+                let task = pyo3_async_runtimes::tokio::get_runtime().spawn(async move {
+                    store::enqueue_parts(store.as_ref(), n, &orgs, &mut rx).await
+                });
+                // A bad job returns here: `tx` is dropped without `End`, and the store rolls
+                // back what it began.
+                let ids = jobs::convert_parts(py, jobs, false, STREAM_PART_JOBS, |part| {
+                    let _ = tx.send(store::Part::Jobs(Box::new(part)));
+                })?;
+                let _ = tx.send(store::Part::End);
+                return spawn(py, async move {
+                    match task.await {
+                        Ok(r) => r?,
+                        Err(_) => {
+                            return Err(Error::Store {
+                                message: "the enqueue task failed".into(),
+                                code: None,
+                            })
+                        }
+                    }
+                    Ok(ids)
+                });
+            }
+        }
+        let (batch, ids) = jobs::convert(py, jobs, single)?;
         spawn(py, async move {
             store::enqueue(s.as_ref(), &batch).await?;
             drop(batch);

@@ -36,6 +36,31 @@ pub trait Store: Send + Sync + 'static {
     /// `max_depth` would be exceeded by its organization's pending jobs.
     async fn enqueue_batch(&self, jobs: &JobBatch) -> Result<()>;
 
+    /// Whether `enqueue_parts` starts writing before the last part arrives (else it collects
+    /// the parts and calls `enqueue_batch`: a caller gains nothing by cutting a batch).
+    fn streams_enqueue(&self) -> bool {
+        false
+    }
+
+    /// `enqueue_batch` of a batch of `jobs` jobs that arrives in parts, in order, on `parts`;
+    /// `orgs` holds every organization the parts will hold. The sender ends with `Part::End`;
+    /// a channel closed before it abandons the call, and nothing is written. Returns, besides
+    /// the result, the whole batch as it arrived (all of it, even on failure), for running it
+    /// again.
+    async fn enqueue_parts(
+        &self,
+        jobs: usize,
+        orgs: &[String],
+        parts: &mut PartReceiver,
+    ) -> (Result<()>, JobBatch) {
+        let _ = orgs;
+        let mut all = JobBatch::default();
+        if let Err(e) = receive_all(jobs, parts, &mut all).await {
+            return (Err(e), all);
+        }
+        (self.enqueue_batch(&all).await, all)
+    }
+
     /// `enqueue_batch` of these jobs, packed.
     async fn enqueue(&self, jobs: &[NewJob]) -> Result<()> {
         self.enqueue_batch(&JobBatch::from(jobs)).await
@@ -77,6 +102,53 @@ pub trait Store: Send + Sync + 'static {
 /// idempotent.
 pub async fn enqueue(store: &dyn Store, jobs: &JobBatch) -> Result<()> {
     again_on_deadlock(|| store.enqueue_batch(jobs)).await
+}
+
+/// One message of `Store::enqueue_parts`.
+#[derive(Debug)]
+pub enum Part {
+    /// The next jobs of the batch.
+    Jobs(Box<JobBatch>),
+    /// The batch is complete.
+    End,
+}
+
+pub type PartSender = tokio::sync::mpsc::UnboundedSender<Part>;
+pub type PartReceiver = tokio::sync::mpsc::UnboundedReceiver<Part>;
+
+/// Append every part still to come to `all`, up to `Part::End`; `Abandoned` when the channel
+/// closes before it. `jobs`: the whole batch's size.
+pub async fn receive_all(jobs: usize, parts: &mut PartReceiver, all: &mut JobBatch) -> Result<()> {
+    loop {
+        match parts.recv().await {
+            Some(Part::Jobs(b)) => append_part(jobs, all, &b),
+            Some(Part::End) => return Ok(()),
+            None => return Err(Error::Abandoned),
+        }
+    }
+}
+
+/// Append a part of a batch of `jobs` jobs to `all`, making room for the whole batch when
+/// the first part comes (growing it part by part would copy it over and over).
+pub fn append_part(jobs: usize, all: &mut JobBatch, part: &JobBatch) {
+    if all.is_empty() && !part.is_empty() {
+        all.reserve(jobs, part.text_bytes().div_ceil(part.len()) + 8);
+    }
+    all.append(part);
+}
+
+/// `Store::enqueue_parts`, run again as one batch when the server aborted it to break a
+/// deadlock (see `enqueue`).
+pub async fn enqueue_parts(
+    store: &dyn Store,
+    jobs: usize,
+    orgs: &[String],
+    parts: &mut PartReceiver,
+) -> Result<()> {
+    match store.enqueue_parts(jobs, orgs, parts).await {
+        (Err(e), all) if e.is_deadlock() => enqueue(store, &all).await,
+        (r, _) => r,
+    }
 }
 
 /// `Store::claim`, run again when the server aborted it to break a deadlock (see

@@ -1341,6 +1341,7 @@ mod tests {
         steps_keep_the_first_result,
         a_100k_job_enqueue_is_one_call,
         a_batch_over_many_organizations_is_one_call,
+        a_batch_in_parts_is_written_whole_or_not_at_all,
         big_payloads_are_split_by_size,
         ids_are_exact_and_scoped_per_organization,
         listings_cancel_and_renew,

@@ -20,7 +20,7 @@ use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Executor, Postgres, Row, Transaction};
 
-use super::Store;
+use super::{Part, PartReceiver, Store};
 use crate::error::{Error, Result};
 use crate::model::*;
 
@@ -191,6 +191,23 @@ const ENQUEUE_LOCK: [&str; 2] = [
 /// Which of `ENQUEUE_ONE` / `ENQUEUE_LOCK` a batch takes.
 fn lock_kind(jobs: &JobBatch) -> usize {
     usize::from(jobs.lanes().len() > LANE_LOCKS_MAX)
+}
+
+/// A batch's organizations, sorted.
+fn org_names(jobs: &JobBatch) -> Vec<&str> {
+    jobs.lanes().into_iter().map(|(o, _)| o).collect()
+}
+
+/// What `enqueue_copy` writes: a batch, or one arriving in parts (kept in `got`).
+enum Feed<'a> {
+    Whole(&'a JobBatch),
+    Parts {
+        parts: &'a mut PartReceiver,
+        /// The parts received so far.
+        got: &'a mut Vec<JobBatch>,
+        /// Set when `Part::End` was received (`got` is the whole batch).
+        whole: &'a mut bool,
+    },
 }
 
 /// After a multi-statement enqueue wrote its jobs: the lanes ($1 orgs, $2 each one's earliest
@@ -463,33 +480,66 @@ impl PostgresStore {
 }
 
 impl PostgresStore {
-    /// Insert a batch with `COPY … FROM STDIN (FORMAT binary)`, streamed in parts of
-    /// `COPY_SEND_BYTES`, then the lanes, in one transaction. `COPY` has no `ON CONFLICT`:
-    /// when an id is taken (or repeated in the batch) the transaction is rolled back and
-    /// `false` returned: the caller then takes `enqueue_unnest`, which skips taken ids.
-    async fn enqueue_copy(&self, jobs: &JobBatch) -> Result<bool> {
+    /// Insert a batch with `COPY … FROM STDIN (FORMAT binary)`, streamed in messages of
+    /// `COPY_SEND_BYTES` as its jobs are encoded (or, from `Feed::Parts`, as its parts
+    /// arrive), then the lanes, in one transaction. `COPY` has no `ON CONFLICT`: when an id is
+    /// taken (or repeated in the batch) the transaction is rolled back and `false` returned:
+    /// the caller then takes `enqueue_unnest`, which skips taken ids. So does a part holding an
+    /// organization outside `orgs` (its enqueue lock was not taken).
+    async fn enqueue_copy(&self, orgs: &[&str], mut feed: Feed<'_>) -> Result<bool> {
         let mut tx = self.begin().await?;
-        let now = self.lock_lanes(&mut tx, jobs).await?;
+        let now = self.lock_lanes(&mut tx, orgs).await?;
         self.counted(1);
         let mut copy = tx.copy_in_raw(COPY_JOBS).await?;
         let mut buf = Vec::with_capacity(COPY_SEND_BYTES + 4096);
         buf.extend_from_slice(copy_binary::HEADER);
-        for j in jobs.iter() {
-            let run_at = j.due.at(now);
-            copy_binary::fields(&mut buf, 9);
-            copy_binary::text(&mut buf, j.org);
-            copy_binary::text(&mut buf, j.id);
-            copy_binary::text(&mut buf, j.typ);
-            copy_binary::text(&mut buf, j.payload);
-            copy_binary::int8(&mut buf, run_at);
-            copy_binary::boolean(&mut buf, run_at == now);
-            copy_binary::text(&mut buf, PENDING);
-            copy_binary::int8(&mut buf, now);
-            copy_binary::int8(&mut buf, now);
-            if buf.len() >= COPY_SEND_BYTES {
-                copy.send(buf.as_slice()).await?;
-                buf.clear();
+        // Every organization's lock is held when each lane's is (else the gnl-wide one is).
+        let locked = |org: &str| orgs.len() > LANE_LOCKS_MAX || orgs.binary_search(&org).is_ok();
+        let mut unlocked = false;
+        match &mut feed {
+            Feed::Whole(jobs) => {
+                for j in jobs.iter() {
+                    copy_binary::row(&mut buf, &j, now);
+                    if buf.len() >= COPY_SEND_BYTES {
+                        copy.send(buf.as_slice()).await?;
+                        buf.clear();
+                    }
+                }
             }
+            Feed::Parts { parts, got, whole } => loop {
+                match parts.recv().await {
+                    Some(Part::Jobs(part)) => {
+                        // Kept first: `got` must be whole whatever fails below.
+                        got.push(*part);
+                        for j in got[got.len() - 1].iter() {
+                            unlocked |= !locked(j.org);
+                            copy_binary::row(&mut buf, &j, now);
+                            if buf.len() >= COPY_SEND_BYTES {
+                                copy.send(buf.as_slice()).await?;
+                                buf.clear();
+                            }
+                        }
+                        if unlocked {
+                            break;
+                        }
+                    }
+                    Some(Part::End) => {
+                        **whole = true;
+                        break;
+                    }
+                    None => {
+                        copy.abort("abandoned").await?;
+                        self.rollback(tx).await?;
+                        return Err(Error::Abandoned);
+                    }
+                }
+            },
+        }
+        if unlocked {
+            copy.abort("an organization outside the enqueue's locks")
+                .await?;
+            self.rollback(tx).await?;
+            return Ok(false);
         }
         buf.extend_from_slice(copy_binary::TRAILER);
         copy.send(buf.as_slice()).await?;
@@ -502,17 +552,22 @@ impl PostgresStore {
             }
             Err(e) => return Err(e.into()),
         }
-        self.upsert_lanes(&mut tx, jobs, now).await?;
-        self.check_limits(&mut tx, jobs).await?;
+        let lanes = match feed {
+            Feed::Whole(jobs) => jobs.lanes(),
+            Feed::Parts { got, .. } => lanes_of(got.iter()),
+        };
+        self.upsert_lanes(&mut tx, &lanes, now).await?;
+        self.check_limits(&mut tx, &lanes).await?;
         self.commit(tx).await?;
         Ok(true)
     }
 
-    /// Take the enqueue locks of the batch's lanes (`lock_lanes!`); returns the server's clock.
-    async fn lock_lanes(&self, tx: &mut Tx, jobs: &JobBatch) -> Result<i64> {
-        let orgs: Vec<&str> = jobs.lanes().iter().map(|(o, _)| *o).collect();
+    /// Take the enqueue locks of the organizations `orgs` (sorted, distinct; `lock_each_lane!`
+    /// or `lock_all_lanes!`); returns the server's clock.
+    async fn lock_lanes(&self, tx: &mut Tx, orgs: &[&str]) -> Result<i64> {
+        let kind = usize::from(orgs.len() > LANE_LOCKS_MAX);
         self.counted(1);
-        let (now, _): (i64, i64) = sqlx::query_as(ENQUEUE_LOCK[lock_kind(jobs)])
+        let (now, _): (i64, i64) = sqlx::query_as(ENQUEUE_LOCK[kind])
             .bind(orgs)
             .fetch_one(&mut **tx)
             .await?;
@@ -522,8 +577,12 @@ impl PostgresStore {
     /// Upsert the batch's lanes, lowering each one's next_run_at to its jobs' earliest due
     /// instant, with `now` the clock `lock_lanes` read: no later than any of the jobs' rows
     /// read it, so the bound is never above a job's run_at.
-    async fn upsert_lanes(&self, tx: &mut Tx, jobs: &JobBatch, now: i64) -> Result<()> {
-        let lanes = jobs.lanes();
+    async fn upsert_lanes(
+        &self,
+        tx: &mut Tx,
+        lanes: &[(&str, LaneSummary)],
+        now: i64,
+    ) -> Result<()> {
         let orgs: Vec<&str> = lanes.iter().map(|(o, _)| *o).collect();
         let due: Vec<i64> = lanes.iter().map(|(_, l)| l.earliest(now)).collect();
         self.counted(1);
@@ -569,7 +628,7 @@ impl PostgresStore {
                 .fetch_one(&mut *tx)
                 .await?;
         } else {
-            let now = self.lock_lanes(&mut tx, jobs).await?;
+            let now = self.lock_lanes(&mut tx, &org_names(jobs)).await?;
             for part in parts {
                 let (o, i, t, p, r, d) = job_arrays(jobs, part);
                 self.counted(1);
@@ -583,23 +642,22 @@ impl PostgresStore {
                     .execute(&mut *tx)
                     .await?;
             }
-            self.upsert_lanes(&mut tx, jobs, now).await?;
+            self.upsert_lanes(&mut tx, &jobs.lanes(), now).await?;
         }
-        self.check_limits(&mut tx, jobs).await?;
+        self.check_limits(&mut tx, &jobs.lanes()).await?;
         self.commit(tx).await
     }
 
     /// When the batch asks for `max_depth`s: `QueueFull` (the transaction rolled back) for the
     /// first organization, in name order, whose pending depth now exceeds its limit.
-    async fn check_limits(&self, tx: &mut Tx, jobs: &JobBatch) -> Result<()> {
-        if !jobs.has_limits() {
+    async fn check_limits(&self, tx: &mut Tx, lanes: &[(&str, LaneSummary)]) -> Result<()> {
+        let limits: BTreeMap<&str, i64> = lanes
+            .iter()
+            .filter_map(|(o, l)| l.max_depth.map(|m| (*o, m)))
+            .collect();
+        if limits.is_empty() {
             return Ok(());
         }
-        let limits: BTreeMap<&str, i64> = jobs
-            .lanes()
-            .into_iter()
-            .filter_map(|(o, l)| l.max_depth.map(|m| (o, m)))
-            .collect();
         let limit_orgs: Vec<&str> = limits.keys().copied().collect();
         self.counted(1);
         let depths: Vec<(String, i64)> = sqlx::query_as(DEPTHS)
@@ -691,6 +749,22 @@ mod copy_binary {
     pub fn boolean(buf: &mut Vec<u8>, v: bool) {
         buf.extend_from_slice(&1i32.to_be_bytes());
         buf.push(v as u8);
+    }
+
+    /// One job's row of `COPY_JOBS`, with the server's clock `now`: a job due at it is
+    /// `in_order`.
+    pub fn row(buf: &mut Vec<u8>, j: &crate::model::JobRef<'_>, now: i64) {
+        let run_at = j.due.at(now);
+        fields(buf, 9);
+        text(buf, j.org);
+        text(buf, j.id);
+        text(buf, j.typ);
+        text(buf, j.payload);
+        int8(buf, run_at);
+        boolean(buf, run_at == now);
+        text(buf, super::PENDING);
+        int8(buf, now);
+        int8(buf, now);
     }
 }
 
@@ -790,10 +864,54 @@ impl Store for PostgresStore {
         }
         // COPY is ~2x the unnest statement's speed on big batches, but cannot skip taken ids:
         // when one is taken, the statement that can.
-        if jobs.len() >= COPY_MIN_ROWS && self.enqueue_copy(jobs).await? {
+        if jobs.len() >= COPY_MIN_ROWS
+            && self
+                .enqueue_copy(&org_names(jobs), Feed::Whole(jobs))
+                .await?
+        {
             return Ok(());
         }
         self.enqueue_unnest(jobs).await
+    }
+
+    fn streams_enqueue(&self) -> bool {
+        true
+    }
+
+    async fn enqueue_parts(
+        &self,
+        jobs: usize,
+        orgs: &[String],
+        parts: &mut PartReceiver,
+    ) -> (Result<()>, JobBatch) {
+        let mut got = vec![];
+        let mut whole = false;
+        let orgs: Vec<&str> = orgs.iter().map(String::as_str).collect();
+        let feed = Feed::Parts {
+            parts,
+            got: &mut got,
+            whole: &mut whole,
+        };
+        let copied = self.enqueue_copy(&orgs, feed).await;
+        if matches!(copied, Ok(true) | Err(Error::Abandoned)) {
+            return (copied.map(|_| ()), JobBatch::default());
+        }
+        // The batch whole (the parts are not kept twice on the COPY path), for the statement
+        // that skips taken ids or for a caller that runs it again.
+        let mut all = JobBatch::default();
+        for part in got.drain(..) {
+            super::append_part(jobs, &mut all, &part);
+        }
+        if !whole {
+            if let Err(e) = super::receive_all(jobs, parts, &mut all).await {
+                return (Err(e), all);
+            }
+        }
+        let r = match copied {
+            Ok(_) => self.enqueue_unnest(&all).await,
+            Err(e) => Err(e),
+        };
+        (r, all)
     }
 
     async fn claim(&self, finished: &[Outcome], req: &ClaimRequest) -> Result<Vec<ClaimedJob>> {
@@ -990,7 +1108,7 @@ pub(crate) mod suite {
 
     use crate::error::Error;
     use crate::model::*;
-    use crate::store::{open, Store};
+    use crate::store::{open, Part, Store};
 
     pub fn job(org: &str, id: &str) -> NewJob {
         NewJob {
@@ -1362,6 +1480,35 @@ pub(crate) mod suite {
             claimed += got.len();
         }
         assert_eq!(claimed, 20_100);
+    }
+
+    /// A batch sent in parts: written whole when it ends, including parts with an organization
+    /// it did not announce (Postgres then writes it the other way); nothing when the sender
+    /// goes away before the end.
+    pub async fn a_batch_in_parts_is_written_whole_or_not_at_all(s: Arc<dyn Store>) {
+        let part = |from: usize, org: &str| {
+            let jobs: Vec<NewJob> = (from..from + 3_000)
+                .map(|i| job(org, &format!("p{i}")))
+                .collect();
+            JobBatch::from(&jobs[..])
+        };
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        tx.send(Part::Jobs(Box::new(part(0, "a")))).unwrap();
+        tx.send(Part::Jobs(Box::new(part(3_000, "unannounced"))))
+            .unwrap();
+        tx.send(Part::End).unwrap();
+        crate::store::enqueue_parts(s.as_ref(), 6_000, &["a".to_string()], &mut rx)
+            .await
+            .unwrap();
+        assert_eq!(count_jobs(&s).await, 6_000);
+        assert!(s.get_job("unannounced", "p5999").await.unwrap().is_some());
+
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        tx.send(Part::Jobs(Box::new(part(10_000, "a")))).unwrap();
+        drop(tx);
+        let r = crate::store::enqueue_parts(s.as_ref(), 6_000, &["a".to_string()], &mut rx).await;
+        assert!(matches!(r, Err(Error::Abandoned)), "{r:?}");
+        assert_eq!(count_jobs(&s).await, 6_000);
     }
 
     pub async fn big_payloads_are_split_by_size(s: Arc<dyn Store>) {
@@ -1940,6 +2087,7 @@ mod tests {
         steps_keep_the_first_result,
         a_100k_job_enqueue_is_one_call,
         a_batch_over_many_organizations_is_one_call,
+        a_batch_in_parts_is_written_whole_or_not_at_all,
         big_payloads_are_split_by_size,
         ids_are_exact_and_scoped_per_organization,
         listings_cancel_and_renew,
@@ -2144,6 +2292,7 @@ mod tests {
             ids_are_exact_and_scoped_per_organization,
             listings_cancel_and_renew,
             the_clock_is_the_stores,
+            a_batch_in_parts_is_written_whole_or_not_at_all,
             a_batch_over_many_organizations_is_one_call,
             a_big_batch_skips_taken_and_repeated_ids,
         );
