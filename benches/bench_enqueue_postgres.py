@@ -74,7 +74,8 @@ RAW_UNNEST = (
 GNL_UNNEST = """
 WITH n AS (SELECT floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint AS now_ms),
 lk AS (
-  SELECT count(pg_advisory_xact_lock(hashtextextended('gnl_lane:' || k.o, 0)))
+  SELECT count(pg_advisory_xact_lock(
+    hashtextextended('gnl_lane:' || current_schema() || ':' || k.o, 0)))
   FROM (SELECT DISTINCT o FROM unnest($1::text[]) AS o ORDER BY o) AS k
 ),
 ins AS (

@@ -51,8 +51,8 @@ CREATE INDEX gnl_jobs_lease ON gnl_jobs (lease_expires_at) WHERE state = 'runnin
 -- head: every pending in_order job of the lane has seq >= head. Only a claim, holding the
 -- lane's row lock, moves it: to the first in_order job it sees pending, or past the last job
 -- it sees. An enqueue holds enqueue locks (transaction advisory locks that claims never take:
--- its lanes' hashtextextended('gnl_lane:' || org, 0) under a shared gnl-wide lock, or, over 32
--- lanes, the gnl-wide hashtextextended('gnl_lanes', 0) exclusively) from before its jobs get
+-- its lanes' ('gnl_lane:<schema>:<org>') under a shared gnl-wide lock, or, over 32 lanes, the
+-- gnl-wide one ('gnl_lanes:<schema>') exclusively; keys are hashtextextended(key, 0)) from before its jobs get
 -- seqs until it commits, so a lane's jobs become visible in seq order and none can appear
 -- behind a head that was moved past what a claim saw.
 CREATE TABLE gnl_lanes (

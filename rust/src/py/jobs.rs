@@ -297,7 +297,10 @@ pub fn convert_parts(
             }
         }
         if batch.len() == part_jobs {
-            emit(std::mem::replace(&mut batch, part_of(n - i - 1)));
+            emit(std::mem::replace(
+                &mut batch,
+                part_of(n.saturating_sub(i + 1)),
+            ));
         }
     }
     if !batch.is_empty() || ids.is_empty() {

@@ -122,9 +122,9 @@ const LANE_LOCKS_MAX: usize = 32;
 macro_rules! lock_each_lane {
     () => {
         "lk AS (
-           SELECT count(pg_advisory_xact_lock(hashtextextended('gnl_lane:' || k.o, 0)))
+           SELECT count(pg_advisory_xact_lock(hashtextextended('gnl_lane:' || current_schema() || ':' || k.o, 0)))
            FROM (SELECT DISTINCT o FROM unnest($1::text[]) AS o ORDER BY o) AS k
-           WHERE (SELECT count(pg_advisory_xact_lock_shared(hashtextextended('gnl_lanes', 0)))) >= 0
+           WHERE (SELECT count(pg_advisory_xact_lock_shared(hashtextextended('gnl_lanes:' || current_schema(), 0)))) >= 0
          )"
     };
 }
@@ -132,7 +132,7 @@ macro_rules! lock_each_lane {
 macro_rules! lock_all_lanes {
     () => {
         "lk AS (
-           SELECT count(pg_advisory_xact_lock(hashtextextended('gnl_lanes', 0)))
+           SELECT count(pg_advisory_xact_lock(hashtextextended('gnl_lanes:' || current_schema(), 0)))
            WHERE cardinality($1::text[]) >= 0
          )"
     };
@@ -213,7 +213,7 @@ enum Feed<'a> {
 /// After a multi-statement enqueue wrote its jobs: the lanes ($1 orgs, $2 each one's earliest
 /// due instant).
 const ENQUEUE_LANES: &str = "INSERT INTO gnl_lanes (org, next_run_at, served_at)
-     SELECT u.o, u.a, 0 FROM unnest($1::text[], $2::bigint[]) AS u(o, a) ORDER BY u.o
+     SELECT u.o, u.a, 0 FROM unnest($1::text[], $2::bigint[]) AS u(o, a) ORDER BY u.o COLLATE \"C\"
      ON CONFLICT (org) DO UPDATE SET next_run_at = least(gnl_lanes.next_run_at, excluded.next_run_at)";
 
 /// The pending depth of each organization in $1: its in_order jobs from its head, and the
@@ -495,7 +495,7 @@ impl PostgresStore {
         buf.extend_from_slice(copy_binary::HEADER);
         // Every organization's lock is held when each lane's is (else the gnl-wide one is).
         let locked = |org: &str| orgs.len() > LANE_LOCKS_MAX || orgs.binary_search(&org).is_ok();
-        let mut unlocked = false;
+        let (mut unlocked, mut abandoned) = (false, false);
         match &mut feed {
             Feed::Whole(jobs) => {
                 for j in jobs.iter() {
@@ -528,22 +528,31 @@ impl PostgresStore {
                         break;
                     }
                     None => {
-                        copy.abort("abandoned").await?;
-                        self.rollback(tx).await?;
-                        return Err(Error::Abandoned);
+                        abandoned = true;
+                        break;
                     }
                 }
             },
         }
-        if unlocked {
-            copy.abort("an organization outside the enqueue's locks")
-                .await?;
-            self.rollback(tx).await?;
-            return Ok(false);
-        }
         buf.extend_from_slice(copy_binary::TRAILER);
         copy.send(buf.as_slice()).await?;
         drop(buf);
+        // Abandoned, or an organization without its lock: the COPY is ended the normal way,
+        // then rolled back. (`CopyFail` is not used: when the server had already refused the
+        // data, sqlx's abort returns that error one ReadyForQuery early, and the pooled
+        // connection would answer every later statement with the one before's reply.)
+        if abandoned || unlocked {
+            match copy.finish().await {
+                Ok(_) | Err(sqlx::Error::Database(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+            self.rollback(tx).await?;
+            return if abandoned {
+                Err(Error::Abandoned)
+            } else {
+                Ok(false)
+            };
+        }
         match copy.finish().await {
             Ok(_) => {}
             Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some(UNIQUE_VIOLATION) => {
