@@ -188,9 +188,10 @@ const ENQUEUE_LOCK: [&str; 2] = [
     enqueue_lock!(lock_all_lanes!()),
 ];
 
-/// Which of `ENQUEUE_ONE` / `ENQUEUE_LOCK` a batch takes.
-fn lock_kind(jobs: &JobBatch) -> usize {
-    usize::from(jobs.lanes().len() > LANE_LOCKS_MAX)
+/// Which of `ENQUEUE_ONE` / `ENQUEUE_LOCK` a batch of `lanes` lanes takes: 1 (the gnl-wide
+/// lock alone) past `LANE_LOCKS_MAX`.
+fn lock_kind(lanes: usize) -> usize {
+    usize::from(lanes > LANE_LOCKS_MAX)
 }
 
 /// A batch's organizations, sorted.
@@ -494,7 +495,7 @@ impl PostgresStore {
         let mut buf = Vec::with_capacity(COPY_SEND_BYTES + 4096);
         buf.extend_from_slice(copy_binary::HEADER);
         // Every organization's lock is held when each lane's is (else the gnl-wide one is).
-        let locked = |org: &str| orgs.len() > LANE_LOCKS_MAX || orgs.binary_search(&org).is_ok();
+        let locked = |org: &str| lock_kind(orgs.len()) == 1 || orgs.binary_search(&org).is_ok();
         let (mut unlocked, mut abandoned) = (false, false);
         match &mut feed {
             Feed::Whole(jobs) => {
@@ -574,9 +575,8 @@ impl PostgresStore {
     /// Take the enqueue locks of the organizations `orgs` (sorted, distinct; `lock_each_lane!`
     /// or `lock_all_lanes!`); returns the server's clock.
     async fn lock_lanes(&self, tx: &mut Tx, orgs: &[&str]) -> Result<i64> {
-        let kind = usize::from(orgs.len() > LANE_LOCKS_MAX);
         self.counted(1);
-        let (now, _): (i64, i64) = sqlx::query_as(ENQUEUE_LOCK[kind])
+        let (now, _): (i64, i64) = sqlx::query_as(ENQUEUE_LOCK[lock_kind(orgs.len())])
             .bind(orgs)
             .fetch_one(&mut **tx)
             .await?;
@@ -608,11 +608,13 @@ impl PostgresStore {
     /// `max_depth`, else several in one transaction.
     async fn enqueue_unnest(&self, jobs: &JobBatch) -> Result<()> {
         let parts = chunks(jobs);
+        let lanes = jobs.lanes();
+        let one = ENQUEUE_ONE[lock_kind(lanes.len())];
         if parts.len() == 1 && !jobs.has_limits() {
             // One statement is one transaction.
             let (o, i, t, p, r, d) = job_arrays(jobs, 0..jobs.len());
             self.counted(1);
-            sqlx::query(ENQUEUE_ONE[lock_kind(jobs)])
+            sqlx::query(one)
                 .bind(o)
                 .bind(i)
                 .bind(t)
@@ -627,7 +629,7 @@ impl PostgresStore {
         if parts.len() == 1 {
             let (o, i, t, p, r, d) = job_arrays(jobs, 0..jobs.len());
             self.counted(1);
-            sqlx::query(ENQUEUE_ONE[lock_kind(jobs)])
+            sqlx::query(one)
                 .bind(o)
                 .bind(i)
                 .bind(t)
@@ -637,7 +639,8 @@ impl PostgresStore {
                 .fetch_one(&mut *tx)
                 .await?;
         } else {
-            let now = self.lock_lanes(&mut tx, &org_names(jobs)).await?;
+            let orgs: Vec<&str> = lanes.iter().map(|(o, _)| *o).collect();
+            let now = self.lock_lanes(&mut tx, &orgs).await?;
             for part in parts {
                 let (o, i, t, p, r, d) = job_arrays(jobs, part);
                 self.counted(1);
@@ -651,9 +654,9 @@ impl PostgresStore {
                     .execute(&mut *tx)
                     .await?;
             }
-            self.upsert_lanes(&mut tx, &jobs.lanes(), now).await?;
+            self.upsert_lanes(&mut tx, &lanes, now).await?;
         }
-        self.check_limits(&mut tx, &jobs.lanes()).await?;
+        self.check_limits(&mut tx, &lanes).await?;
         self.commit(tx).await
     }
 
