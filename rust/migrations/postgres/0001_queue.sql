@@ -36,7 +36,10 @@ CREATE TABLE gnl_jobs (
     -- btree entries per job (this and the id); a job with a run_at or delay, a third (the due
     -- index).
     CONSTRAINT gnl_jobs_pkey PRIMARY KEY (org, seq),
-    CONSTRAINT gnl_jobs_org_id UNIQUE (org, id)
+    -- A job's id in its organization. Keyed id first: it serves only equality lookups (an id
+    -- and its org), and id-first entries compare on their first column and truncate to it
+    -- in the inner pages; org-first cost a bulk enqueue ~15% more server time.
+    CONSTRAINT gnl_jobs_id_org UNIQUE (id, org)
 );
 -- A lane's pending jobs that are not in enqueue order (due later, retried, taken back), oldest
 -- due first. Jobs due at enqueue are not in it: each index entry costs a bulk enqueue about

@@ -102,7 +102,7 @@ macro_rules! insert_jobs {
                   AS u(o, i, t, p, r, d)",
             $gate,
             "
-             ON CONFLICT (org, id) DO NOTHING"
+             ON CONFLICT (id, org) DO NOTHING"
         )
     };
 }
