@@ -12,16 +12,19 @@
 -- bound (least()).
 --
 -- Lock order, as everywhere: job rows first (outcomes, expired leases), then lane rows (sorted
--- by org). Lanes and pending jobs are taken with SKIP LOCKED only, so a claim never waits.
+-- by org), then lease records (gnl_leases, by id). Lanes, pending jobs, expired jobs and the
+-- records of expired leases are taken with SKIP LOCKED only, so a claim never waits; the
+-- outcomes' count on their lease records waits only for other outcomes and renewals, which
+-- lock nothing after them (and nothing but job rows before).
+--
+-- A claim writes one lease record for the jobs it takes (migration 0001). None of the
+-- columns a claim or an outcome writes is indexed, so both updates are HOT when the job's
+-- page has room (gnl_jobs' fillfactor) and add no index entries.
 --
 -- Outcomes and claims look their jobs up by (org, seq) (the primary key), joined with an
 -- unnested array or the claimed rows; the function's settings below keep those joins on the
--- index whatever a generic plan estimates. The outcomes' "still running" check is written
--- coalesce(state = 'running', false) so that the planner cannot prove the lease index's
--- predicate from it: that partial index keeps an entry for every job that ever ran until
--- vacuum removes it, and a plan through it (a bitmap of every running-or-once-running row)
--- costs more with every job done. Expired leases are first looked for with an ordered min()
--- (an index scan, which skips and marks dead entries), and taken back only when one exists.
+-- index whatever a generic plan estimates. Expired leases are first looked for as the
+-- earliest lease record (one index end), and taken back only when one has expired.
 
 CREATE FUNCTION gnl_claim(
     d_seq bigint[], d_tok bigint[], d_res text[],                 -- done: seq, token, result
@@ -45,55 +48,83 @@ DECLARE
     lanes text[];
     heads bigint[];
     nl bigint;
+    lid bigint;
+    ended bigint[] := '{}';                                         -- the finished jobs' lease ids
 BEGIN
     -- Outcomes. Each write is conditional on (seq, token, state running): a stale holder's
     -- late outcome changes nothing.
     IF cardinality(d_seq) > 0 THEN
-        UPDATE gnl_jobs g SET
-            state = CASE WHEN g.cancel_requested THEN 'canceled' ELSE 'done' END,
-            result = o.res, finished_at = now_ms, updated_at = now_ms,
-            lease_expires_at = NULL, lease_owner = NULL
-        FROM unnest(d_seq, d_tok, d_res, d_org) AS o(seq, tok, res, org)
-        WHERE g.org = o.org AND g.seq = o.seq AND g.lease_token = o.tok AND coalesce(g.state = 'running', false);
+        WITH u AS (
+            UPDATE gnl_jobs g SET
+                state = CASE WHEN g.cancel_requested THEN 'canceled' ELSE 'done' END,
+                result = o.res, finished_at = now_ms, updated_at = now_ms,
+                lease_expires_at = 0
+            FROM unnest(d_seq, d_tok, d_res, d_org) AS o(seq, tok, res, org)
+            WHERE g.org = o.org AND g.seq = o.seq AND g.lease_token = o.tok AND g.state = 'running'
+            RETURNING g.lease_id
+        )
+        SELECT ended || coalesce(array_agg(u.lease_id), '{}') INTO ended FROM u;
     END IF;
     IF cardinality(f_seq) > 0 THEN
         WITH f AS (
             UPDATE gnl_jobs g SET
                 state = CASE WHEN g.cancel_requested THEN 'canceled'
                              WHEN g.attempts >= g.max_attempts THEN 'dead' ELSE 'pending' END,
-                in_order = false,
+                in_order = g.cancel_requested OR g.attempts >= g.max_attempts,
                 last_error = o.err, updated_at = now_ms,
-                lease_expires_at = NULL, lease_owner = NULL,
+                lease_expires_at = 0,
                 run_at = CASE WHEN NOT g.cancel_requested AND g.attempts < g.max_attempts
                               THEN now_ms + greatest(o.delay, 0) ELSE g.run_at END,
                 finished_at = CASE WHEN NOT g.cancel_requested AND g.attempts < g.max_attempts
                                    THEN NULL ELSE now_ms END
             FROM unnest(f_seq, f_tok, f_err, f_delay, f_org) AS o(seq, tok, err, delay, org)
-            WHERE g.org = o.org AND g.seq = o.seq AND g.lease_token = o.tok AND coalesce(g.state = 'running', false)
-            RETURNING g.org, g.state, g.run_at
+            WHERE g.org = o.org AND g.seq = o.seq AND g.lease_token = o.tok AND g.state = 'running'
+            RETURNING g.org, g.state, g.run_at, g.lease_id
+        ),
+        ln AS (
+            INSERT INTO gnl_lanes AS x (org, next_run_at, served_at)
+            SELECT f.org, min(f.run_at), 0 FROM f WHERE f.state = 'pending'
+            GROUP BY f.org ORDER BY f.org
+            ON CONFLICT (org) DO UPDATE SET next_run_at = least(x.next_run_at, excluded.next_run_at)
         )
-        INSERT INTO gnl_lanes AS x (org, next_run_at, served_at)
-        SELECT f.org, min(f.run_at), 0 FROM f WHERE f.state = 'pending'
-        GROUP BY f.org ORDER BY f.org
-        ON CONFLICT (org) DO UPDATE SET next_run_at = least(x.next_run_at, excluded.next_run_at);
+        SELECT ended || coalesce(array_agg(f.lease_id), '{}') INTO ended FROM f;
     END IF;
-    -- Expired leases (their holders stopped renewing): due again at once, or dead.
-    IF reclaim AND (SELECT min(e.lease_expires_at) FROM gnl_jobs e WHERE e.state = 'running')
-                   < now_ms THEN
-        WITH r AS (
+    -- The finished jobs' lease records count them; a record with none left is deleted.
+    IF cardinality(ended) > 0 THEN
+        UPDATE gnl_leases x SET remaining = x.remaining - e.n
+        FROM (SELECT y.id, e.n FROM gnl_leases y
+              JOIN (SELECT u.id, count(*) AS n FROM unnest(ended) AS u(id) GROUP BY u.id) e
+                ON e.id = y.id
+              ORDER BY y.id FOR UPDATE OF y) e
+        WHERE x.id = e.id;
+        DELETE FROM gnl_leases x WHERE x.id = ANY (ended) AND x.remaining <= 0;
+    END IF;
+    -- Expired leases (their holders stopped renewing): due again at once, or dead. A lease
+    -- record that has expired names the jobs to look at; each is taken back when it is still
+    -- running under that record and its own lease_expires_at has passed (a renewal writes it
+    -- first: under the job's row lock it tells a lease just renewed from an expired one).
+    -- Then the expired records left without a running job are deleted.
+    IF reclaim AND (SELECT min(e.expires_at) FROM gnl_leases e) < now_ms THEN
+        WITH e AS (
+            SELECT g.org, g.seq, x.owner FROM gnl_leases x
+            CROSS JOIN LATERAL unnest(x.orgs, x.seqs) AS k(org, seq)
+            JOIN gnl_jobs g ON g.org = k.org AND g.seq = k.seq
+            WHERE x.expires_at < now_ms AND g.lease_id = x.id
+              AND g.state = 'running' AND g.lease_expires_at < now_ms
+            FOR UPDATE OF g SKIP LOCKED
+        ),
+        r AS (
             UPDATE gnl_jobs g SET
                 state = CASE WHEN g.cancel_requested THEN 'canceled'
                              WHEN g.attempts >= g.max_attempts THEN 'dead' ELSE 'pending' END,
-                in_order = false,
-                last_error = 'lease expired: the worker ' || coalesce(g.lease_owner, '?') ||
+                in_order = g.cancel_requested OR g.attempts >= g.max_attempts,
+                last_error = 'lease expired: the worker ' || e.owner ||
                              ' stopped renewing attempt ' || g.attempts ||
                              ' (crashed, stopped or cut off)',
                 finished_at = CASE WHEN NOT g.cancel_requested AND g.attempts < g.max_attempts
                                    THEN NULL ELSE now_ms END,
-                lease_expires_at = NULL, lease_owner = NULL, updated_at = now_ms
-            FROM (SELECT e.org, e.seq FROM gnl_jobs e
-                  WHERE e.state = 'running' AND e.lease_expires_at < now_ms
-                  FOR UPDATE SKIP LOCKED) e
+                lease_expires_at = 0, updated_at = now_ms
+            FROM e
             WHERE g.org = e.org AND g.seq = e.seq
               AND g.state = 'running' AND g.lease_expires_at < now_ms
             RETURNING g.org, g.state, g.run_at
@@ -102,6 +133,13 @@ BEGIN
         SELECT r.org, min(r.run_at), 0 FROM r WHERE r.state = 'pending'
         GROUP BY r.org ORDER BY r.org
         ON CONFLICT (org) DO UPDATE SET next_run_at = least(x.next_run_at, excluded.next_run_at);
+        DELETE FROM gnl_leases x WHERE x.id IN (
+            SELECT y.id FROM gnl_leases y
+            WHERE y.expires_at < now_ms AND NOT EXISTS (
+                SELECT 1 FROM unnest(y.orgs, y.seqs) AS k(org, seq)
+                JOIN gnl_jobs g ON g.org = k.org AND g.seq = k.seq
+                WHERE g.lease_id = y.id AND g.state = 'running')
+            FOR UPDATE SKIP LOCKED);
     END IF;
     IF lim <= 0 THEN
         RETURN;
@@ -118,9 +156,10 @@ BEGIN
         RETURN;
     END IF;
     nl := cardinality(lanes);
+    lid := nextval('gnl_lease_ids');
 
     -- Each locked lane's oldest due jobs (an equal share of the batch each, the first lanes
-    -- the rest), marked running with a new fencing token. A lane's candidates come from two
+    -- the rest), marked running with a new fencing token under one new lease record. A lane's candidates come from two
     -- places: its in_order jobs along the key from its head, and the others from the due
     -- index; the earliest due of both are taken. Then the lanes: a lane that got a job gets
     -- the next turn ticket (tickets strictly increase, in the order the lanes were served, so
@@ -161,10 +200,16 @@ BEGIN
     c AS (
         UPDATE gnl_jobs g SET state = 'running', attempts = g.attempts + 1,
             max_attempts = max_att, lease_token = g.lease_token + 1,
-            lease_expires_at = now_ms + ttl, lease_owner = holder, updated_at = now_ms
+            lease_expires_at = now_ms + ttl, lease_id = lid, updated_at = now_ms,
+            in_order = true
         FROM p WHERE g.org = p.org AND g.seq = p.seq
         RETURNING g.seq, g.lease_token, g.org, g.id, g.type, g.payload,
                   g.attempts, g.run_at, p.i
+    ),
+    ls AS (
+        INSERT INTO gnl_leases (id, expires_at, owner, remaining, orgs, seqs)
+        SELECT lid, now_ms + ttl, holder, count(*), array_agg(c.org), array_agg(c.seq) FROM c
+        HAVING count(*) > 0
     ),
     k AS (
         SELECT DISTINCT p.i FROM p

@@ -64,7 +64,7 @@ const JOB_COLS: &str =
 const PRECHECK: &str = concat!(
     "SELECT coalesce((SELECT min(next_run_at) FROM gnl_lanes WHERE next_run_at IS NOT NULL) <= ",
     now_ms!(),
-    ", false), coalesce((SELECT min(lease_expires_at) FROM gnl_jobs WHERE state = 'running') < ",
+    ", false), coalesce((SELECT min(expires_at) FROM gnl_leases) < ",
     now_ms!(),
     ", false)"
 );
@@ -228,13 +228,29 @@ const DEPTHS: &str =
      + (SELECT count(*) FROM gnl_jobs g WHERE g.org = d.o AND g.state = 'pending' AND NOT g.in_order)
      FROM unnest($1::text[]) AS d(o)";
 
+/// Renewal: the jobs still held (seq $1, token $2, org $4) get a lease of $3 ms from the
+/// server's clock, and so do their lease records (locked in id order, after the job rows, as
+/// everywhere: migration 0001). A job's row is written first: a reclaim that meets it locked
+/// skips it, and one that meets the new row finds its lease not expired.
 const RENEW: &str = concat!(
-    "UPDATE gnl_jobs g SET lease_expires_at = ",
+    "WITH j AS (
+       UPDATE gnl_jobs g SET lease_expires_at = ",
     now_ms!(),
     " + $3
-     FROM unnest($1::bigint[], $2::bigint[], $4::text[]) AS l(seq, tok, org)
-     WHERE g.org = l.org AND g.seq = l.seq AND g.lease_token = l.tok AND g.state = 'running'
-     RETURNING g.seq, g.cancel_requested"
+       FROM unnest($1::bigint[], $2::bigint[], $4::text[]) AS l(seq, tok, org)
+       WHERE g.org = l.org AND g.seq = l.seq AND g.lease_token = l.tok AND g.state = 'running'
+       RETURNING g.seq, g.cancel_requested, g.lease_id
+     ),
+     k AS (
+       SELECT x.id FROM gnl_leases x WHERE x.id IN (SELECT j.lease_id FROM j)
+       ORDER BY x.id FOR UPDATE
+     ),
+     u AS (
+       UPDATE gnl_leases x SET expires_at = ",
+    now_ms!(),
+    " + $3 FROM k WHERE x.id = k.id
+     )
+     SELECT j.seq, j.cancel_requested FROM j"
 );
 
 const RETRY: &str = concat!(
@@ -258,6 +274,7 @@ const RETRY: &str = concat!(
 const CANCEL: &str = concat!(
     "UPDATE gnl_jobs SET
        state = CASE WHEN state = 'pending' THEN 'canceled' ELSE state END,
+       in_order = in_order OR state = 'pending',
        finished_at = CASE WHEN state = 'pending' THEN ",
     now_ms!(),
     " ELSE finished_at END,
@@ -1338,6 +1355,61 @@ pub(crate) mod suite {
         assert_eq!(row.max_attempts, 2);
     }
 
+    /// One claim's jobs, some finished (done, failed), the rest abandoned by their holder:
+    /// after the lease, only the unfinished ones are taken back; each is claimed once more.
+    pub async fn an_abandoned_claim_gives_back_only_its_unfinished_jobs(s: Arc<dyn Store>) {
+        let jobs: Vec<_> = ["a", "b", "c", "d"].iter().map(|i| job("o", i)).collect();
+        s.enqueue(&jobs).await.unwrap();
+        let got = s.claim(&[], &req(4, 30)).await.unwrap();
+        assert_eq!(got.len(), 4);
+        let failed = Outcome::Failed {
+            seq: got[1].seq,
+            token: got[1].token,
+            org: got[1].org.clone(),
+            error: "boom".into(),
+            delay_ms: 0,
+        };
+        s.finish(&[done(&got[0], "1"), failed]).await.unwrap();
+        sleep_ms(60).await;
+        let again = s.claim(&[], &req(10, 60_000)).await.unwrap();
+        let mut ids: Vec<(&str, i64)> = again.iter().map(|j| (j.id.as_str(), j.attempt)).collect();
+        ids.sort();
+        assert_eq!(ids, vec![("b", 2), ("c", 2), ("d", 2)]);
+        let a = s.get_job("o", "a").await.unwrap().unwrap();
+        assert_eq!((a.state.as_str(), a.result.as_deref()), (DONE, Some("1")));
+        assert!(s
+            .get_job("o", "c")
+            .await
+            .unwrap()
+            .unwrap()
+            .last_error
+            .unwrap()
+            .contains("lease expired"));
+        assert_eq!(
+            s.get_job("o", "b")
+                .await
+                .unwrap()
+                .unwrap()
+                .last_error
+                .as_deref(),
+            Some("boom")
+        );
+        // The first holder's late outcomes change nothing; the new holder's do.
+        s.finish(&[done(&got[2], "stale")]).await.unwrap();
+        assert_eq!(s.get_job("o", "c").await.unwrap().unwrap().state, RUNNING);
+        let outcomes: Vec<Outcome> = again.iter().map(|j| done(j, "2")).collect();
+        s.finish(&outcomes).await.unwrap();
+        for id in ["b", "c", "d"] {
+            let row = s.get_job("o", id).await.unwrap().unwrap();
+            assert_eq!(
+                (row.state.as_str(), row.result.as_deref()),
+                (DONE, Some("2")),
+                "{id}"
+            );
+        }
+        assert!(s.claim(&[], &req(10, 60_000)).await.unwrap().is_empty());
+    }
+
     pub async fn a_crash_on_the_last_attempt_dead_letters_the_job(s: Arc<dyn Store>) {
         s.enqueue(&[job("", "x")]).await.unwrap();
         for _ in 0..2 {
@@ -2047,6 +2119,15 @@ mod tests {
         Some((admin, schema, url))
     }
 
+    /// A connection of its own to the store at `url` (for reads and locks beside the store's).
+    async fn side_pool(url: &str) -> sqlx::PgPool {
+        PgPoolOptions::new()
+            .max_connections(1)
+            .connect(url)
+            .await
+            .unwrap()
+    }
+
     async fn drop_schema(admin: sqlx::PgPool, schema: &str) {
         admin
             .execute(format!("DROP SCHEMA {schema} CASCADE").as_str())
@@ -2093,6 +2174,7 @@ mod tests {
         a_claim_without_the_probe_claims_the_same,
         an_empty_poll_is_one_query_whatever_the_lanes,
         a_stale_holder_cannot_write_after_a_reclaim,
+        an_abandoned_claim_gives_back_only_its_unfinished_jobs,
         a_crash_on_the_last_attempt_dead_letters_the_job,
         failures_retry_after_the_delay_then_dead_letter,
         max_depth_counts_the_calls_own_jobs_and_writes_nothing,
@@ -2130,11 +2212,7 @@ mod tests {
                 .map(|i| suite::job(&format!("o{i}"), "x"))
                 .collect();
             s.enqueue(&jobs).await.unwrap();
-            let pool = PgPoolOptions::new()
-                .max_connections(1)
-                .connect(&url)
-                .await
-                .unwrap();
+            let pool = side_pool(&url).await;
             pool.execute("ANALYZE gnl_lanes; ANALYZE gnl_jobs")
                 .await
                 .unwrap();
@@ -2144,6 +2222,148 @@ mod tests {
                 .unwrap();
             let plan = plan.join("\n");
             assert!(!plan.contains("Seq Scan"), "{plan}");
+            pool.close().await;
+        })
+        .await;
+    }
+
+    /// A claim writes one lease record for its jobs; outcomes count them off and the last one
+    /// deletes it; a reclaim deletes an expired record once none of its jobs runs under it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn lease_records_live_as_long_as_their_running_jobs() {
+        with_store(|s, url| async move {
+            let pool = side_pool(&url).await;
+            let records = |pool: sqlx::PgPool| async move {
+                let r: Vec<(i64, i64)> = sqlx::query_as(
+                    "SELECT remaining, cardinality(seqs)::bigint FROM gnl_leases ORDER BY id",
+                )
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+                r
+            };
+            let jobs: Vec<_> = (0..5).map(|i| suite::job("o", &format!("{i}"))).collect();
+            s.enqueue(&jobs).await.unwrap();
+            let got = s.claim(&[], &suite::req(5, 60_000)).await.unwrap();
+            assert_eq!(records(pool.clone()).await, vec![(5, 5)]);
+            let done = |j: &crate::model::ClaimedJob| crate::model::Outcome::Done {
+                seq: j.seq,
+                token: j.token,
+                org: j.org.clone(),
+                result: None,
+            };
+            s.finish(&[done(&got[0]), done(&got[1])]).await.unwrap();
+            assert_eq!(records(pool.clone()).await, vec![(3, 5)]);
+            // A stale outcome (a wrong token) counts nothing.
+            let mut stale = got[2].clone();
+            stale.token += 7;
+            s.finish(&[done(&stale)]).await.unwrap();
+            assert_eq!(records(pool.clone()).await, vec![(3, 5)]);
+            let failed = crate::model::Outcome::Failed {
+                seq: got[2].seq,
+                token: got[2].token,
+                org: got[2].org.clone(),
+                error: "e".into(),
+                delay_ms: 60_000,
+            };
+            s.claim(&[failed, done(&got[3])], &suite::req(0, 60_000))
+                .await
+                .unwrap();
+            assert_eq!(records(pool.clone()).await, vec![(1, 5)]);
+            s.finish(&[done(&got[4])]).await.unwrap();
+            assert_eq!(records(pool.clone()).await, vec![]);
+            // Abandoned: taken back after the lease, the record with it.
+            s.enqueue(&[suite::job("p", "x"), suite::job("p", "y")])
+                .await
+                .unwrap();
+            let got = s.claim(&[], &suite::req(2, 10)).await.unwrap();
+            assert_eq!(got.len(), 2);
+            s.finish(&[done(&got[0])]).await.unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+            let again = s.claim(&[], &suite::req(5, 60_000)).await.unwrap();
+            assert_eq!(again.len(), 1);
+            assert_eq!(
+                (again[0].id.as_str(), again[0].attempt),
+                (got[1].id.as_str(), 2)
+            );
+            assert_eq!(records(pool.clone()).await, vec![(1, 1)]);
+            pool.close().await;
+        })
+        .await;
+    }
+
+    /// A renewal keeps a whole claim's lease: none of its jobs is taken back while its holder
+    /// renews, and after it stops they all are.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_renewed_lease_is_not_taken_back() {
+        with_store(|s, _url| async move {
+            let jobs: Vec<_> = (0..3).map(|i| suite::job("o", &format!("{i}"))).collect();
+            s.enqueue(&jobs).await.unwrap();
+            let got = s.claim(&[], &suite::req(3, 150)).await.unwrap();
+            let leases: Vec<_> = got
+                .iter()
+                .map(|j| crate::model::LeaseRef {
+                    seq: j.seq,
+                    token: j.token,
+                    org: j.org.clone(),
+                })
+                .collect();
+            for _ in 0..4 {
+                tokio::time::sleep(std::time::Duration::from_millis(60)).await;
+                let st = s.renew(&leases, 150).await.unwrap();
+                assert!(
+                    st.iter().all(|x| *x == crate::model::RenewStatus::Held),
+                    "{st:?}"
+                );
+                assert!(s
+                    .claim(&[], &suite::req(3, 60_000))
+                    .await
+                    .unwrap()
+                    .is_empty());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            assert_eq!(s.claim(&[], &suite::req(3, 60_000)).await.unwrap().len(), 3);
+            let st = s.renew(&leases, 150).await.unwrap();
+            assert!(
+                st.iter().all(|x| *x == crate::model::RenewStatus::Lost),
+                "{st:?}"
+            );
+        })
+        .await;
+    }
+
+    /// Claims add no index entries (they are HOT updates): a drain's claims leave the size of
+    /// every index of gnl_jobs as the enqueue left it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn claims_write_no_index_entries() {
+        with_store(|s, url| async move {
+            let jobs: Vec<_> = (0..3_000)
+                .map(|i| suite::job(["a", "b", "c"][i % 3], &format!("job:{i}")))
+                .collect();
+            s.enqueue(&jobs).await.unwrap();
+            let pool = side_pool(&url).await;
+            let sizes = |pool: sqlx::PgPool| async move {
+                let r: Vec<(String, i64)> = sqlx::query_as(
+                    "SELECT indexrelid::regclass::text, pg_relation_size(indexrelid) FROM pg_index \
+                     WHERE indrelid = 'gnl_jobs'::regclass ORDER BY 1",
+                )
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+                r
+            };
+            let before = sizes(pool.clone()).await;
+            assert_eq!(before.len(), 3, "{before:?}");
+            let mut claimed = 0;
+            loop {
+                let got = s.claim(&[], &suite::req(100, 60_000)).await.unwrap();
+                if got.is_empty() {
+                    break;
+                }
+                claimed += got.len();
+            }
+            assert_eq!(claimed, 3_000);
+            assert_eq!(sizes(pool.clone()).await, before);
             pool.close().await;
         })
         .await;
@@ -2161,11 +2381,7 @@ mod tests {
             let jobs: Vec<_> = (0..3).map(|i| suite::job("o", &format!("{i}"))).collect();
             s.enqueue(&jobs).await.unwrap();
             s.enqueue(&[suite::job("busy", "b")]).await.unwrap();
-            let pool = PgPoolOptions::new()
-                .max_connections(1)
-                .connect(&url)
-                .await
-                .unwrap();
+            let pool = side_pool(&url).await;
             let mut tx = pool.begin().await.unwrap();
             tx.execute(
                 "INSERT INTO gnl_jobs (org, id, type, payload, run_at, state, created_at, updated_at) \
@@ -2297,6 +2513,7 @@ mod tests {
             a_claim_without_the_probe_claims_the_same,
             an_empty_poll_is_one_query_whatever_the_lanes,
             a_stale_holder_cannot_write_after_a_reclaim,
+            an_abandoned_claim_gives_back_only_its_unfinished_jobs,
             a_crash_on_the_last_attempt_dead_letters_the_job,
             failures_retry_after_the_delay_then_dead_letter,
             max_depth_counts_the_calls_own_jobs_and_writes_nothing,
