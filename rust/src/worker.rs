@@ -300,7 +300,12 @@ async fn renew_loop(s: Arc<Shared>) {
             continue;
         }
         // A renewal that hangs (a store stalled on locks) counts as unanswered after one period.
-        let answer = match tokio::time::timeout(every, s.store.renew(&leases, s.req.ttl_ms)).await {
+        let answer = match tokio::time::timeout(
+            every,
+            store::renew(s.store.as_ref(), &leases, s.req.ttl_ms),
+        )
+        .await
+        {
             Ok(r) => r,
             Err(_) => Err(Error::StoreUnavailable {
                 reason: format!("no answer within {} ms", every.as_millis()),

@@ -13,9 +13,9 @@
 --
 -- Lock order, as everywhere: job rows first (outcomes, expired leases), then lane rows (sorted
 -- by org), then lease records (gnl_leases, by id). Lanes, pending jobs, expired jobs and the
--- records of expired leases are taken with SKIP LOCKED only, so a claim never waits; the
--- outcomes' count on their lease records waits only for other outcomes and renewals, which
--- lock nothing after them (and nothing but job rows before).
+-- records of expired leases are taken with SKIP LOCKED only, so a claim never waits for them;
+-- the outcomes' count on their lease records (after every other write that may wait) waits
+-- only for other outcomes and renewals, which wait for nothing once they hold a record.
 --
 -- A claim writes one lease record for the jobs it takes (migration 0001). None of the
 -- columns a claim or an outcome writes is indexed, so both updates are HOT when the job's
@@ -50,6 +50,7 @@ DECLARE
     nl bigint;
     lid bigint;
     ended bigint[] := '{}';                                         -- the finished jobs' lease ids
+    expired boolean;
 BEGIN
     -- Outcomes. Each write is conditional on (seq, token, state running): a stale holder's
     -- late outcome changes nothing.
@@ -89,22 +90,14 @@ BEGIN
         )
         SELECT ended || coalesce(array_agg(f.lease_id), '{}') INTO ended FROM f;
     END IF;
-    -- The finished jobs' lease records count them; a record with none left is deleted.
-    IF cardinality(ended) > 0 THEN
-        UPDATE gnl_leases x SET remaining = x.remaining - e.n
-        FROM (SELECT y.id, e.n FROM gnl_leases y
-              JOIN (SELECT u.id, count(*) AS n FROM unnest(ended) AS u(id) GROUP BY u.id) e
-                ON e.id = y.id
-              ORDER BY y.id FOR UPDATE OF y) e
-        WHERE x.id = e.id;
-        DELETE FROM gnl_leases x WHERE x.id = ANY (ended) AND x.remaining <= 0;
-    END IF;
     -- Expired leases (their holders stopped renewing): due again at once, or dead. A lease
     -- record that has expired names the jobs to look at; each is taken back when it is still
     -- running under that record and its own lease_expires_at has passed (a renewal writes it
     -- first: under the job's row lock it tells a lease just renewed from an expired one).
-    -- Then the expired records left without a running job are deleted.
-    IF reclaim AND (SELECT min(e.expires_at) FROM gnl_leases e) < now_ms THEN
+    -- Then (after the outcomes' counts below) each expired record gets the earliest lease
+    -- of its jobs still running under it, or is deleted when none is.
+    expired := reclaim AND (SELECT min(e.expires_at) FROM gnl_leases e) < now_ms;
+    IF expired THEN
         WITH e AS (
             SELECT g.org, g.seq, x.owner FROM gnl_leases x
             CROSS JOIN LATERAL unnest(x.orgs, x.seqs) AS k(org, seq)
@@ -133,13 +126,31 @@ BEGIN
         SELECT r.org, min(r.run_at), 0 FROM r WHERE r.state = 'pending'
         GROUP BY r.org ORDER BY r.org
         ON CONFLICT (org) DO UPDATE SET next_run_at = least(x.next_run_at, excluded.next_run_at);
-        DELETE FROM gnl_leases x WHERE x.id IN (
-            SELECT y.id FROM gnl_leases y
-            WHERE y.expires_at < now_ms AND NOT EXISTS (
-                SELECT 1 FROM unnest(y.orgs, y.seqs) AS k(org, seq)
-                JOIN gnl_jobs g ON g.org = k.org AND g.seq = k.seq
-                WHERE g.lease_id = y.id AND g.state = 'running')
-            FOR UPDATE SKIP LOCKED);
+    END IF;
+    -- The finished jobs' lease records count them; a record with none left is deleted. The
+    -- last writes of the call that may wait: lease records come after job rows and lane rows,
+    -- and everything below takes its locks with SKIP LOCKED.
+    IF cardinality(ended) > 0 THEN
+        UPDATE gnl_leases x SET remaining = x.remaining - e.n
+        FROM (SELECT y.id, e.n FROM gnl_leases y
+              JOIN (SELECT u.id, count(*) AS n FROM unnest(ended) AS u(id) GROUP BY u.id) e
+                ON e.id = y.id
+              ORDER BY y.id FOR UPDATE OF y) e
+        WHERE x.id = e.id;
+        DELETE FROM gnl_leases x WHERE x.id = ANY (ended) AND x.remaining <= 0;
+    END IF;
+    IF expired THEN
+        WITH y AS (
+            SELECT z.id, (SELECT min(g.lease_expires_at) FROM unnest(z.orgs, z.seqs) AS k(org, seq)
+                          JOIN gnl_jobs g ON g.org = k.org AND g.seq = k.seq
+                          WHERE g.lease_id = z.id AND g.state = 'running') AS ends
+            FROM gnl_leases z WHERE z.expires_at < now_ms
+            FOR UPDATE SKIP LOCKED
+        ),
+        gone AS (
+            DELETE FROM gnl_leases x USING y WHERE x.id = y.id AND y.ends IS NULL
+        )
+        UPDATE gnl_leases x SET expires_at = y.ends FROM y WHERE x.id = y.id AND y.ends IS NOT NULL;
     END IF;
     IF lim <= 0 THEN
         RETURN;
@@ -159,8 +170,8 @@ BEGIN
     lid := nextval('gnl_lease_ids');
 
     -- Each locked lane's oldest due jobs (an equal share of the batch each, the first lanes
-    -- the rest), marked running with a new fencing token under one new lease record. A lane's candidates come from two
-    -- places: its in_order jobs along the key from its head, and the others from the due
+    -- the rest), marked running with a new fencing token under one new lease record. A
+    -- lane's candidates come from two places: its in_order jobs along the key from its head, and the others from the due
     -- index; the earliest due of both are taken. Then the lanes: a lane that got a job gets
     -- the next turn ticket (tickets strictly increase, in the order the lanes were served, so
     -- claims within one millisecond do not tie; they stay near the store's clock in 1/4096

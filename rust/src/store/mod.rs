@@ -169,6 +169,17 @@ pub async fn finish(store: &dyn Store, outcomes: &[Outcome]) -> Result<()> {
     again_on_deadlock(|| store.finish(outcomes)).await
 }
 
+/// `Store::renew`, run again when the server aborted it to break a deadlock (see
+/// `again_on_deadlock`; a renewal and an outcome can lock two of a worker's jobs in opposite
+/// orders). A renewal only extends leases still held, so running it again is idempotent.
+pub async fn renew(
+    store: &dyn Store,
+    leases: &[LeaseRef],
+    ttl_ms: i64,
+) -> Result<Vec<RenewStatus>> {
+    again_on_deadlock(|| store.renew(leases, ttl_ms)).await
+}
+
 /// Run `f` again (up to 3 times, after 5-25 ms) while the server aborts its transaction to
 /// break a deadlock (`Error::is_deadlock`): a deadlock is two transactions meeting, not the
 /// store going away, so it is not reported while running again can end it.

@@ -1336,6 +1336,7 @@ mod tests {
         an_empty_poll_is_one_query_whatever_the_lanes,
         a_stale_holder_cannot_write_after_a_reclaim,
         an_abandoned_claim_gives_back_only_its_unfinished_jobs,
+        a_lease_is_each_jobs_own,
         a_crash_on_the_last_attempt_dead_letters_the_job,
         failures_retry_after_the_delay_then_dead_letter,
         max_depth_counts_the_calls_own_jobs_and_writes_nothing,

@@ -229,9 +229,15 @@ const DEPTHS: &str =
      FROM unnest($1::text[]) AS d(o)";
 
 /// Renewal: the jobs still held (seq $1, token $2, org $4) get a lease of $3 ms from the
-/// server's clock, and so do their lease records (locked in id order, after the job rows, as
-/// everywhere: migration 0001). A job's row is written first: a reclaim that meets it locked
-/// skips it, and one that meets the new row finds its lease not expired.
+/// server's clock; then their lease records (locked in id order, after the job rows, as
+/// everywhere: migration 0001) end with the earliest lease of their running jobs: the new
+/// one, or that of a job of the record this renewal leaves out (a worker renews every job it
+/// still holds; one whose handler returned is no longer renewed), so an expired record always
+/// names an expired job. A job's row is written first: a reclaim that meets it locked skips
+/// it, and one that meets the new row finds its lease not expired. (The records are read in
+/// the statement's snapshot, which does not see the new leases: those jobs are left out by
+/// key. A job finished since then still counts with its old lease, which at worst lets a
+/// reclaim look at the record early and set it right.)
 const RENEW: &str = concat!(
     "WITH j AS (
        UPDATE gnl_jobs g SET lease_expires_at = ",
@@ -239,16 +245,21 @@ const RENEW: &str = concat!(
     " + $3
        FROM unnest($1::bigint[], $2::bigint[], $4::text[]) AS l(seq, tok, org)
        WHERE g.org = l.org AND g.seq = l.seq AND g.lease_token = l.tok AND g.state = 'running'
-       RETURNING g.seq, g.cancel_requested, g.lease_id
+       RETURNING g.org, g.seq, g.cancel_requested, g.lease_id
      ),
      k AS (
-       SELECT x.id FROM gnl_leases x WHERE x.id IN (SELECT j.lease_id FROM j)
+       SELECT x.id, x.orgs, x.seqs FROM gnl_leases x WHERE x.id IN (SELECT j.lease_id FROM j)
        ORDER BY x.id FOR UPDATE
      ),
      u AS (
-       UPDATE gnl_leases x SET expires_at = ",
+       UPDATE gnl_leases x SET expires_at = least(",
     now_ms!(),
-    " + $3 FROM k WHERE x.id = k.id
+    " + $3, (
+         SELECT min(g.lease_expires_at) FROM unnest(k.orgs, k.seqs) AS q(org, seq)
+         JOIN gnl_jobs g ON g.org = q.org AND g.seq = q.seq
+         WHERE g.lease_id = k.id AND g.state = 'running'
+           AND NOT EXISTS (SELECT 1 FROM j WHERE j.org = g.org AND j.seq = g.seq)))
+       FROM k WHERE x.id = k.id
      )
      SELECT j.seq, j.cancel_requested FROM j"
 );
@@ -1410,6 +1421,44 @@ pub(crate) mod suite {
         assert!(s.claim(&[], &req(10, 60_000)).await.unwrap().is_empty());
     }
 
+    /// Each job's lease is its own, whatever claim took it: of one claim's jobs, the one its
+    /// holder stops renewing (as a worker does once its handler returned) is taken back after
+    /// its lease while the others, renewed, are not; once they are not renewed either, they
+    /// are taken back too.
+    pub async fn a_lease_is_each_jobs_own(s: Arc<dyn Store>) {
+        let jobs: Vec<_> = ["a", "b", "c"].iter().map(|i| job("o", i)).collect();
+        s.enqueue(&jobs).await.unwrap();
+        let got = s.claim(&[], &req(3, 400)).await.unwrap();
+        assert_eq!(got.len(), 3);
+        let lease = |j: &ClaimedJob| LeaseRef {
+            seq: j.seq,
+            token: j.token,
+            org: j.org.clone(),
+        };
+        let kept: Vec<LeaseRef> = got.iter().filter(|j| j.id != "c").map(lease).collect();
+        let mut back = vec![];
+        for _ in 0..6 {
+            sleep_ms(100).await;
+            assert_eq!(
+                s.renew(&kept, 400).await.unwrap(),
+                vec![RenewStatus::Held, RenewStatus::Held]
+            );
+            back.extend(s.claim(&[], &req(3, 60_000)).await.unwrap());
+        }
+        let back: Vec<(&str, i64)> = back.iter().map(|j| (j.id.as_str(), j.attempt)).collect();
+        assert_eq!(back, vec![("c", 2)]);
+        sleep_ms(500).await;
+        let mut late: Vec<String> = s
+            .claim(&[], &req(3, 60_000))
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|j| j.id)
+            .collect();
+        late.sort();
+        assert_eq!(late, vec!["a", "b"]);
+    }
+
     pub async fn a_crash_on_the_last_attempt_dead_letters_the_job(s: Arc<dyn Store>) {
         s.enqueue(&[job("", "x")]).await.unwrap();
         for _ in 0..2 {
@@ -2175,6 +2224,7 @@ mod tests {
         an_empty_poll_is_one_query_whatever_the_lanes,
         a_stale_holder_cannot_write_after_a_reclaim,
         an_abandoned_claim_gives_back_only_its_unfinished_jobs,
+        a_lease_is_each_jobs_own,
         a_crash_on_the_last_attempt_dead_letters_the_job,
         failures_retry_after_the_delay_then_dead_letter,
         max_depth_counts_the_calls_own_jobs_and_writes_nothing,
@@ -2288,46 +2338,6 @@ mod tests {
             );
             assert_eq!(records(pool.clone()).await, vec![(1, 1)]);
             pool.close().await;
-        })
-        .await;
-    }
-
-    /// A renewal keeps a whole claim's lease: none of its jobs is taken back while its holder
-    /// renews, and after it stops they all are.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_renewed_lease_is_not_taken_back() {
-        with_store(|s, _url| async move {
-            let jobs: Vec<_> = (0..3).map(|i| suite::job("o", &format!("{i}"))).collect();
-            s.enqueue(&jobs).await.unwrap();
-            let got = s.claim(&[], &suite::req(3, 150)).await.unwrap();
-            let leases: Vec<_> = got
-                .iter()
-                .map(|j| crate::model::LeaseRef {
-                    seq: j.seq,
-                    token: j.token,
-                    org: j.org.clone(),
-                })
-                .collect();
-            for _ in 0..4 {
-                tokio::time::sleep(std::time::Duration::from_millis(60)).await;
-                let st = s.renew(&leases, 150).await.unwrap();
-                assert!(
-                    st.iter().all(|x| *x == crate::model::RenewStatus::Held),
-                    "{st:?}"
-                );
-                assert!(s
-                    .claim(&[], &suite::req(3, 60_000))
-                    .await
-                    .unwrap()
-                    .is_empty());
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-            assert_eq!(s.claim(&[], &suite::req(3, 60_000)).await.unwrap().len(), 3);
-            let st = s.renew(&leases, 150).await.unwrap();
-            assert!(
-                st.iter().all(|x| *x == crate::model::RenewStatus::Lost),
-                "{st:?}"
-            );
         })
         .await;
     }
@@ -2514,6 +2524,7 @@ mod tests {
             an_empty_poll_is_one_query_whatever_the_lanes,
             a_stale_holder_cannot_write_after_a_reclaim,
             an_abandoned_claim_gives_back_only_its_unfinished_jobs,
+            a_lease_is_each_jobs_own,
             a_crash_on_the_last_attempt_dead_letters_the_job,
             failures_retry_after_the_delay_then_dead_letter,
             max_depth_counts_the_calls_own_jobs_and_writes_nothing,
