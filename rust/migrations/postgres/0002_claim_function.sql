@@ -51,6 +51,8 @@ DECLARE
     lid bigint;
     ended bigint[] := '{}';                                         -- the finished jobs' lease ids
     expired boolean;
+    due_org text[] := '{}';                                         -- jobs due again: lane, run_at
+    due_at bigint[] := '{}';
 BEGIN
     -- Outcomes. Each write is conditional on (seq, token, state running): a stale holder's
     -- late outcome changes nothing.
@@ -81,14 +83,11 @@ BEGIN
             FROM unnest(f_seq, f_tok, f_err, f_delay, f_org) AS o(seq, tok, err, delay, org)
             WHERE g.org = o.org AND g.seq = o.seq AND g.lease_token = o.tok AND g.state = 'running'
             RETURNING g.org, g.state, g.run_at, g.lease_id
-        ),
-        ln AS (
-            INSERT INTO gnl_lanes AS x (org, next_run_at, served_at)
-            SELECT f.org, min(f.run_at), 0 FROM f WHERE f.state = 'pending'
-            GROUP BY f.org ORDER BY f.org
-            ON CONFLICT (org) DO UPDATE SET next_run_at = least(x.next_run_at, excluded.next_run_at)
         )
-        SELECT ended || coalesce(array_agg(f.lease_id), '{}') INTO ended FROM f;
+        SELECT ended || coalesce(array_agg(f.lease_id), '{}'),
+               coalesce(array_agg(f.org) FILTER (WHERE f.state = 'pending'), '{}'),
+               coalesce(array_agg(f.run_at) FILTER (WHERE f.state = 'pending'), '{}')
+        INTO ended, due_org, due_at FROM f;
     END IF;
     -- Expired leases (their holders stopped renewing): due again at once, or dead. A lease
     -- record that has expired names the jobs to look at; each is taken back when it is still
@@ -122,9 +121,16 @@ BEGIN
               AND g.state = 'running' AND g.lease_expires_at < now_ms
             RETURNING g.org, g.state, g.run_at
         )
+        SELECT due_org || coalesce(array_agg(r.org) FILTER (WHERE r.state = 'pending'), '{}'),
+               due_at || coalesce(array_agg(r.run_at) FILTER (WHERE r.state = 'pending'), '{}')
+        INTO due_org, due_at FROM r;
+    END IF;
+    -- The lanes of the jobs due again (failed and retried, or taken back) learn of them, in
+    -- one upsert in org order (two, one per kind, could take two lanes in opposite orders).
+    IF cardinality(due_org) > 0 THEN
         INSERT INTO gnl_lanes AS x (org, next_run_at, served_at)
-        SELECT r.org, min(r.run_at), 0 FROM r WHERE r.state = 'pending'
-        GROUP BY r.org ORDER BY r.org
+        SELECT d.org, min(d.at), 0 FROM unnest(due_org, due_at) AS d(org, at)
+        GROUP BY d.org ORDER BY d.org
         ON CONFLICT (org) DO UPDATE SET next_run_at = least(x.next_run_at, excluded.next_run_at);
     END IF;
     -- The finished jobs' lease records count them; a record with none left is deleted. The
