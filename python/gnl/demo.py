@@ -590,7 +590,7 @@ async def _work(
             raise DemoError("a worker could not start: " + "; ".join(inbox.failed.values()))
         if crasher is not None:
             log.info(
-                "%s will crash (os._exit) after %s; leases last %d ms",
+                "%s will crash (os._exit) once it has handled %s or more; leases last %d ms",
                 configs[crasher].name,
                 _rows(crash_after or 0),
                 opts.ttl_ms,
@@ -803,8 +803,8 @@ def _report(
         crash_after = o.crasher.crash_after or 0
         if o.crash_seen:
             crash_text = (
-                f"{crasher} killed itself with os._exit after {_rows(crash_after)} "
-                f"(leases of {opts.ttl_ms:,} ms went stale)"
+                f"{crasher} killed itself with os._exit once it had handled "
+                f"{_rows(crash_after)} or more (leases of {opts.ttl_ms:,} ms went stale)"
             )
         else:
             crash_text = (

@@ -136,8 +136,11 @@ async def connect(url: str, *, max_connections: int = 10, create: bool = True) -
             ``gnl upgrade <url>``), or the store is empty and ``create`` is False.
         SchemaTooNewError: the store's schema is newer than this package.
         UnsupportedStoreError: the server is too old, or this build has no engine for it.
-        StoreUnavailableError: the store cannot be reached (also: ``create`` is False and
-            there is no SQLite file at the path; none is created).
+        StoreUnavailableError: the store cannot be reached (the message gives the driver's
+            reason, e.g. a refused connection; also: ``create`` is False and there is no
+            SQLite file at the path; none is created).
+        GnlError: the server refused the connection for good (e.g. the database does not
+            exist; the message is the server's, with its SQLSTATE / error number).
     """
     if not isinstance(url, str):
         raise TypeError(f"url must be a str, not {type(url).__name__}")

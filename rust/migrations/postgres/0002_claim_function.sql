@@ -74,7 +74,10 @@ BEGIN
                 state = CASE WHEN g.cancel_requested THEN 'canceled'
                              WHEN g.attempts >= g.max_attempts THEN 'dead' ELSE 'pending' END,
                 in_order = g.cancel_requested OR g.attempts >= g.max_attempts,
-                last_error = o.err, updated_at = now_ms,
+                -- A canceled job keeps the cancel's reason (cancel_job wrote it).
+                last_error = CASE WHEN g.cancel_requested THEN coalesce(g.last_error, o.err)
+                                  ELSE o.err END,
+                updated_at = now_ms,
                 lease_expires_at = 0,
                 run_at = CASE WHEN NOT g.cancel_requested AND g.attempts < g.max_attempts
                               THEN now_ms + greatest(o.delay, 0) ELSE g.run_at END,

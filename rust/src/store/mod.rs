@@ -169,6 +169,30 @@ pub async fn finish(store: &dyn Store, outcomes: &[Outcome]) -> Result<()> {
     again_on_deadlock(|| store.finish(outcomes)).await
 }
 
+/// The error of a pool that could not open its first connection. sqlx's pool retries a
+/// failed connection until its acquire timeout and then reports only that it timed out, so
+/// one direct attempt finds the driver's reason (a refused connection, a bad password) to
+/// report instead. Any other error is reported as it is.
+pub(crate) async fn pool_error<O>(opts: &O, e: sqlx::Error) -> Error
+where
+    O: sqlx::ConnectOptions,
+    O::Connection: Sized,
+{
+    if !matches!(e, sqlx::Error::PoolTimedOut) {
+        return e.into();
+    }
+    match tokio::time::timeout(std::time::Duration::from_secs(5), opts.connect()).await {
+        Ok(Err(cause)) => match Error::from(cause) {
+            Error::StoreUnavailable { reason, code } => Error::StoreUnavailable {
+                reason: format!("cannot connect: {reason}"),
+                code,
+            },
+            other => other,
+        },
+        _ => e.into(),
+    }
+}
+
 /// `Store::renew`, run again when the server aborted it to break a deadlock (see
 /// `again_on_deadlock`; a renewal and an outcome can lock two of a worker's jobs in opposite
 /// orders). A renewal only extends leases still held, so running it again is idempotent.

@@ -299,8 +299,12 @@ impl MysqlStore {
                     Ok(())
                 })
             })
-            .connect_with(opts)
-            .await?;
+            .connect_with(opts.clone())
+            .await;
+        let pool = match pool {
+            Ok(p) => p,
+            Err(e) => return Err(super::pool_error(&opts, e).await),
+        };
         let row = sqlx::query("SELECT VERSION(), DATABASE(), CAST(@@max_allowed_packet AS SIGNED)")
             .fetch_one(&pool)
             .await?;
@@ -466,7 +470,8 @@ impl MysqlStore {
                 " + o.delay_ms, g.run_at), \
                  g.finished_at = IF(g.cancel_requested = 0 AND g.attempts < g.max_attempts, NULL, ",
                 now_ms!(),
-                "), g.last_error = o.err, g.updated_at = ",
+                "), g.last_error = IF(g.cancel_requested <> 0, COALESCE(g.last_error, o.err), o.err), \
+                 g.updated_at = ",
                 now_ms!(),
                 ", g.lease_expires_at = NULL, g.lease_owner = NULL, \
                  g.state = CASE WHEN g.cancel_requested <> 0 THEN 'canceled' \
@@ -1337,6 +1342,7 @@ mod tests {
         a_stale_holder_cannot_write_after_a_reclaim,
         an_abandoned_claim_gives_back_only_its_unfinished_jobs,
         a_lease_is_each_jobs_own,
+        a_canceled_job_keeps_the_cancels_reason,
         a_crash_on_the_last_attempt_dead_letters_the_job,
         failures_retry_after_the_delay_then_dead_letter,
         max_depth_counts_the_calls_own_jobs_and_writes_nothing,

@@ -371,8 +371,12 @@ impl PostgresStore {
             })
             .idle_timeout(Some(Duration::from_secs(300)))
             .max_lifetime(Some(Duration::from_secs(1800)))
-            .connect_with(opts)
-            .await?;
+            .connect_with(opts.clone())
+            .await;
+        let pool = match pool {
+            Ok(p) => p,
+            Err(e) => return Err(super::pool_error(&opts, e).await),
+        };
         let store = PostgresStore {
             pool,
             queries: AtomicU64::new(0),
@@ -1459,6 +1463,35 @@ pub(crate) mod suite {
         assert_eq!(late, vec!["a", "b"]);
     }
 
+    /// A running job canceled keeps the cancel's reason as its last error, whether its
+    /// handler returned or raised (e.g. the revocation its signal raised).
+    pub async fn a_canceled_job_keeps_the_cancels_reason(s: Arc<dyn Store>) {
+        s.enqueue(&[job("o", "r"), job("o", "d")]).await.unwrap();
+        let got = s.claim(&[], &req(2, 60_000)).await.unwrap();
+        assert_eq!(got.len(), 2);
+        for j in &got {
+            assert!(s.cancel_job("o", &j.id, Some("user")).await.unwrap());
+        }
+        let raised = Outcome::Failed {
+            seq: got[0].seq,
+            token: got[0].token,
+            org: got[0].org.clone(),
+            error: "ExecutionRevokedError: execution revoked: canceled".into(),
+            delay_ms: 0,
+        };
+        s.finish(&[raised, done(&got[1], "null")]).await.unwrap();
+        for j in &got {
+            let row = s.get_job("o", &j.id).await.unwrap().unwrap();
+            assert_eq!(row.state, CANCELED, "{}", j.id);
+            assert_eq!(
+                row.last_error.as_deref(),
+                Some("canceled: user"),
+                "{}",
+                j.id
+            );
+        }
+    }
+
     pub async fn a_crash_on_the_last_attempt_dead_letters_the_job(s: Arc<dyn Store>) {
         s.enqueue(&[job("", "x")]).await.unwrap();
         for _ in 0..2 {
@@ -2225,6 +2258,7 @@ mod tests {
         a_stale_holder_cannot_write_after_a_reclaim,
         an_abandoned_claim_gives_back_only_its_unfinished_jobs,
         a_lease_is_each_jobs_own,
+        a_canceled_job_keeps_the_cancels_reason,
         a_crash_on_the_last_attempt_dead_letters_the_job,
         failures_retry_after_the_delay_then_dead_letter,
         max_depth_counts_the_calls_own_jobs_and_writes_nothing,
@@ -2473,7 +2507,12 @@ mod tests {
         let r = open("postgres://postgres@127.0.0.1:1/test", 1, true)
             .await
             .map(|_| ());
-        assert!(matches!(r, Err(Error::StoreUnavailable { .. })), "{r:?}");
+        match r {
+            Err(Error::StoreUnavailable { reason, .. }) => {
+                assert!(reason.to_lowercase().contains("refused"), "{reason}")
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     /// The same suite on SQLite: the engines agree.
@@ -2525,6 +2564,7 @@ mod tests {
             a_stale_holder_cannot_write_after_a_reclaim,
             an_abandoned_claim_gives_back_only_its_unfinished_jobs,
             a_lease_is_each_jobs_own,
+            a_canceled_job_keeps_the_cancels_reason,
             a_crash_on_the_last_attempt_dead_letters_the_job,
             failures_retry_after_the_delay_then_dead_letter,
             max_depth_counts_the_calls_own_jobs_and_writes_nothing,

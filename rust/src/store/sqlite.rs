@@ -267,7 +267,8 @@ impl SqliteStore {
                     "UPDATE gnl_jobs SET \
                        state = CASE WHEN cancel_requested = 1 THEN 'canceled' \
                                     WHEN attempts >= max_attempts THEN 'dead' ELSE 'pending' END, \
-                       last_error = ?4, updated_at = ?1, lease_expires_at = NULL, lease_owner = NULL, \
+                       last_error = CASE WHEN cancel_requested = 1 THEN coalesce(last_error, ?4) ELSE ?4 END, \
+                       updated_at = ?1, lease_expires_at = NULL, lease_owner = NULL, \
                        run_at = CASE WHEN cancel_requested = 0 AND attempts < max_attempts THEN ?1 + ?5 ELSE run_at END, \
                        finished_at = CASE WHEN cancel_requested = 0 AND attempts < max_attempts THEN NULL ELSE ?1 END \
                      WHERE seq = ?2 AND lease_token = ?3 AND state = 'running' \
