@@ -62,9 +62,9 @@ CREATE INDEX gnl_jobs_due ON gnl_jobs (org, run_at, seq) WHERE NOT in_order;
 -- expires_at has passed names the jobs to look at, and each of those still running under it
 -- (lease_id) whose own lease_expires_at has passed is taken back. A record's expires_at is
 -- the earliest lease_expires_at of its running jobs (a claim, a renewal and a reclaim keep it
--- so), so each job's lease stays its own. (An index on the jobs' lease column
--- made every claim, renewal and outcome rewrite each job's index entries: no update could be
--- HOT.) remaining counts the record's jobs not yet finished by their holder; the outcome that
+-- so), so each job's lease stays its own. (An index on the jobs' lease column made every
+-- claim, renewal and outcome rewrite each job's index entries: no update could be HOT.)
+-- remaining counts the record's jobs not yet finished by their holder; the outcome that
 -- brings it to 0 deletes the record, and an expired record without a running job is deleted
 -- when expired leases are looked for. Lock order: job rows, then lane rows, then lease records.
 CREATE SEQUENCE gnl_lease_ids;

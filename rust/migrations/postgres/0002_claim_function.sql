@@ -138,15 +138,20 @@ BEGIN
     END IF;
     -- The finished jobs' lease records count them; a record with none left is deleted. The
     -- last writes of the call that may wait: lease records come after job rows and lane rows,
-    -- and everything below takes its locks with SKIP LOCKED.
+    -- and everything below takes its locks with SKIP LOCKED. One statement: the records are
+    -- locked in id order (FOR UPDATE reads each one's newest remaining), then each is either
+    -- deleted or counted down.
     IF cardinality(ended) > 0 THEN
-        UPDATE gnl_leases x SET remaining = x.remaining - e.n
-        FROM (SELECT y.id, e.n FROM gnl_leases y
-              JOIN (SELECT u.id, count(*) AS n FROM unnest(ended) AS u(id) GROUP BY u.id) e
-                ON e.id = y.id
-              ORDER BY y.id FOR UPDATE OF y) e
-        WHERE x.id = e.id;
-        DELETE FROM gnl_leases x WHERE x.id = ANY (ended) AND x.remaining <= 0;
+        WITH e AS (
+            SELECT y.id, y.remaining - f.n AS rest FROM gnl_leases y
+            JOIN (SELECT u.id, count(*) AS n FROM unnest(ended) AS u(id) GROUP BY u.id) f
+              ON f.id = y.id
+            ORDER BY y.id FOR UPDATE OF y
+        ),
+        gone AS (
+            DELETE FROM gnl_leases x USING e WHERE x.id = e.id AND e.rest <= 0
+        )
+        UPDATE gnl_leases x SET remaining = e.rest FROM e WHERE x.id = e.id AND e.rest > 0;
     END IF;
     IF expired THEN
         WITH y AS (
@@ -180,8 +185,8 @@ BEGIN
 
     -- Each locked lane's oldest due jobs (an equal share of the batch each, the first lanes
     -- the rest), marked running with a new fencing token under one new lease record. A
-    -- lane's candidates come from two places: its in_order jobs along the key from its head, and the others from the due
-    -- index; the earliest due of both are taken. Then the lanes: a lane that got a job gets
+    -- lane's candidates come from two places: its in_order jobs along the key from its head,
+    -- and the others from the due index; the earliest due of both are taken. Then the lanes: a lane that got a job gets
     -- the next turn ticket (tickets strictly increase, in the order the lanes were served, so
     -- claims within one millisecond do not tie; they stay near the store's clock in 1/4096
     -- ms, so a new lane's ticket 0 sorts first; a lane that got nothing keeps its ticket).

@@ -171,8 +171,8 @@ pub async fn finish(store: &dyn Store, outcomes: &[Outcome]) -> Result<()> {
 
 /// The error of a pool that could not open its first connection. sqlx's pool retries a
 /// failed connection until its acquire timeout and then reports only that it timed out, so
-/// one direct attempt finds the driver's reason (a refused connection, a bad password) to
-/// report instead. Any other error is reported as it is.
+/// one direct attempt finds the driver's reason (e.g. a refused connection) to report
+/// instead. Any other error is reported as it is.
 pub(crate) async fn pool_error<O>(opts: &O, e: sqlx::Error) -> Error
 where
     O: sqlx::ConnectOptions,

@@ -1176,12 +1176,23 @@ pub(crate) mod suite {
         }
     }
 
-    fn done(j: &ClaimedJob, result: &str) -> Outcome {
+    pub(crate) fn done(j: &ClaimedJob, result: &str) -> Outcome {
         Outcome::Done {
             seq: j.seq,
             token: j.token,
             org: j.org.clone(),
             result: Some(result.into()),
+        }
+    }
+
+    /// The failed outcome of the attempt `j`, retried after `delay_ms`.
+    pub(crate) fn failed(j: &ClaimedJob, error: &str, delay_ms: i64) -> Outcome {
+        Outcome::Failed {
+            seq: j.seq,
+            token: j.token,
+            org: j.org.clone(),
+            error: error.into(),
+            delay_ms,
         }
     }
 
@@ -1377,14 +1388,9 @@ pub(crate) mod suite {
         s.enqueue(&jobs).await.unwrap();
         let got = s.claim(&[], &req(4, 30)).await.unwrap();
         assert_eq!(got.len(), 4);
-        let failed = Outcome::Failed {
-            seq: got[1].seq,
-            token: got[1].token,
-            org: got[1].org.clone(),
-            error: "boom".into(),
-            delay_ms: 0,
-        };
-        s.finish(&[done(&got[0], "1"), failed]).await.unwrap();
+        s.finish(&[done(&got[0], "1"), failed(&got[1], "boom", 0)])
+            .await
+            .unwrap();
         sleep_ms(60).await;
         let again = s.claim(&[], &req(10, 60_000)).await.unwrap();
         let mut ids: Vec<(&str, i64)> = again.iter().map(|j| (j.id.as_str(), j.attempt)).collect();
@@ -1472,13 +1478,11 @@ pub(crate) mod suite {
         for j in &got {
             assert!(s.cancel_job("o", &j.id, Some("user")).await.unwrap());
         }
-        let raised = Outcome::Failed {
-            seq: got[0].seq,
-            token: got[0].token,
-            org: got[0].org.clone(),
-            error: "ExecutionRevokedError: execution revoked: canceled".into(),
-            delay_ms: 0,
-        };
+        let raised = failed(
+            &got[0],
+            "ExecutionRevokedError: execution revoked: canceled",
+            0,
+        );
         s.finish(&[raised, done(&got[1], "null")]).await.unwrap();
         for j in &got {
             let row = s.get_job("o", &j.id).await.unwrap().unwrap();
@@ -1513,13 +1517,7 @@ pub(crate) mod suite {
     pub async fn failures_retry_after_the_delay_then_dead_letter(s: Arc<dyn Store>) {
         s.enqueue(&[job("", "x")]).await.unwrap();
         let j = s.claim(&[], &req(1, 60_000)).await.unwrap().remove(0);
-        let fail = Outcome::Failed {
-            seq: j.seq,
-            token: j.token,
-            org: j.org.clone(),
-            error: "boom".into(),
-            delay_ms: 60_000,
-        };
+        let fail = failed(&j, "boom", 60_000);
         assert!(
             s.claim(&[fail], &req(1, 60_000)).await.unwrap().is_empty(),
             "not due before its delay"
@@ -1534,24 +1532,12 @@ pub(crate) mod suite {
         s.enqueue(&[job("", "y")]).await.unwrap();
         let j = s.claim(&[], &req(1, 60_000)).await.unwrap().remove(0);
         assert_eq!(j.id, "y");
-        let fail = Outcome::Failed {
-            seq: j.seq,
-            token: j.token,
-            org: j.org.clone(),
-            error: "boom 1".into(),
-            delay_ms: 1,
-        };
+        let fail = failed(&j, "boom 1", 1);
         s.finish(&[fail]).await.unwrap();
         sleep_ms(10).await;
         let j = s.claim(&[], &req(1, 60_000)).await.unwrap().remove(0);
         assert_eq!((j.id.as_str(), j.attempt), ("y", 2));
-        let fail = Outcome::Failed {
-            seq: j.seq,
-            token: j.token,
-            org: j.org.clone(),
-            error: "boom 2 \u{1F600}".into(),
-            delay_ms: 1,
-        };
+        let fail = failed(&j, "boom 2 \u{1F600}", 1);
         s.finish(&[fail]).await.unwrap();
         let row = s.get_job("", "y").await.unwrap().unwrap();
         assert_eq!(
@@ -2077,13 +2063,7 @@ pub(crate) mod suite {
                 let fail_once = |j: &ClaimedJob| {
                     let n: usize = j.id.rsplit('-').next().unwrap().parse().unwrap();
                     if n % 5 == 0 && j.attempt == 1 {
-                        Outcome::Failed {
-                            seq: j.seq,
-                            token: j.token,
-                            org: j.org.clone(),
-                            error: "once".into(),
-                            delay_ms: 0,
-                        }
+                        failed(j, "once", 0)
                     } else {
                         done(j, "true")
                     }
@@ -2330,12 +2310,7 @@ mod tests {
             s.enqueue(&jobs).await.unwrap();
             let got = s.claim(&[], &suite::req(5, 60_000)).await.unwrap();
             assert_eq!(records(pool.clone()).await, vec![(5, 5)]);
-            let done = |j: &crate::model::ClaimedJob| crate::model::Outcome::Done {
-                seq: j.seq,
-                token: j.token,
-                org: j.org.clone(),
-                result: None,
-            };
+            let done = |j| suite::done(j, "null");
             s.finish(&[done(&got[0]), done(&got[1])]).await.unwrap();
             assert_eq!(records(pool.clone()).await, vec![(3, 5)]);
             // A stale outcome (a wrong token) counts nothing.
@@ -2343,13 +2318,7 @@ mod tests {
             stale.token += 7;
             s.finish(&[done(&stale)]).await.unwrap();
             assert_eq!(records(pool.clone()).await, vec![(3, 5)]);
-            let failed = crate::model::Outcome::Failed {
-                seq: got[2].seq,
-                token: got[2].token,
-                org: got[2].org.clone(),
-                error: "e".into(),
-                delay_ms: 60_000,
-            };
+            let failed = suite::failed(&got[2], "e", 60_000);
             s.claim(&[failed, done(&got[3])], &suite::req(0, 60_000))
                 .await
                 .unwrap();
