@@ -1,7 +1,7 @@
 """Import a CSV with gnl, the short way: one job per row, organizations served in turn, each
 row written once even if the import is interrupted and run again.
 
-    python examples/csv_import.py [path.csv]     # default: examples/data/airports.csv
+    python examples/csv_import.py [path.csv]     # default: the airports CSV gnl ships
 
 `gnl demo` is the long version of this file (several worker processes, one of which crashes,
 a progress bar and a report).
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import importlib.resources
 import sqlite3
 import sys
 from pathlib import Path
@@ -18,7 +19,8 @@ from typing import Any
 
 import gnl
 
-DEFAULT_CSV = Path(__file__).parent / "data" / "airports.csv"
+# The data set of `gnl demo`, package data of gnl (python/gnl/demo_data/ in the repository).
+DEFAULT_CSV = Path(str(importlib.resources.files("gnl") / "demo_data" / "airports.csv"))
 
 
 async def main(path: Path) -> None:

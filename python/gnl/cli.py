@@ -145,7 +145,7 @@ def upgrade(url_arg: str | None, url: str | None) -> None:
     "csv_path",
     metavar="PATH",
     type=click.Path(dir_okay=False),
-    help="The CSV to import (default: the shipped examples/data/airports.csv).",
+    help="The CSV to import (default: the packaged gnl/demo_data/airports.csv).",
 )
 @click.option(
     "--workers", default=4, show_default=True, type=click.IntRange(1, 64), help="Worker processes."

@@ -1,7 +1,7 @@
 """``gnl demo``: a CSV import on real data, with a worker that crashes mid-run.
 
-1. Reads a CSV (by default ``examples/data/airports.csv``: 3,376 US airports, organizations =
-   the ``state`` column) and enqueues one ``import-row`` job per row with ONE
+1. Reads a CSV (by default the packaged ``gnl/demo_data/airports.csv``: 3,376 US airports,
+   organizations = the ``state`` column) and enqueues one ``import-row`` job per row with ONE
    :func:`gnl.enqueue_many` call, spread over organizations by one of its columns.
 2. Starts several worker processes (:mod:`gnl.demo_worker`, ``multiprocessing`` spawn context)
    on the same store. Each writes its rows to the ``demo_results`` table of a separate SQLite
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import importlib.resources
 import logging
 import multiprocessing
 import queue
@@ -97,14 +98,18 @@ class DemoOptions:
 
 
 def default_csv() -> Path | None:
-    """The shipped data set: ``examples/data/airports.csv`` of a source checkout."""
-    here = Path(__file__).resolve().parent
-    for candidate in (
-        here.parent.parent / "examples" / "data" / "airports.csv",
-        here / "demo_data" / "airports.csv",
-    ):
-        if candidate.is_file():
-            return candidate
+    """The packaged data set, ``gnl/demo_data/airports.csv`` (package data of the wheel).
+
+    Found with :func:`importlib.resources.files`, so it is the copy next to the ``gnl`` package
+    that is imported: an installed wheel's, or the source tree's under ``make build``.
+
+    Returns:
+        The file's path, or None when this install does not carry it (a package that is not
+        on the file system, or a build without package data).
+    """
+    resource = importlib.resources.files("gnl") / "demo_data" / "airports.csv"
+    if isinstance(resource, Path) and resource.is_file():
+        return resource
     return None
 
 
@@ -442,7 +447,7 @@ def run_demo(opts: DemoOptions, console: Console) -> int:
         found = default_csv()
         if found is None:
             raise DemoError(
-                "the shipped data set (examples/data/airports.csv) is not next to this install; "
+                "this install of gnl does not carry its data set (gnl/demo_data/airports.csv); "
                 "pass --csv PATH"
             )
         csv_path = found
