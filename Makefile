@@ -9,7 +9,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.deps-stamp
 
-.PHONY: demo test build deps services lint bench clean
+.PHONY: demo test build deps services lint docs bench clean
 
 $(STAMP): requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,7 @@ demo: build
 services:
 	./scripts/services.sh
 
-test: build services lint
+test: build services lint docs
 	cargo test --quiet
 	$(PY) -m pytest -q
 
@@ -40,9 +40,14 @@ lint: deps
 	cargo fmt --check
 	cargo clippy --all-targets -- -D warnings
 
+# The user guide (mkdocs.yml, docs/) into site/; --strict fails on any warning (a broken link or
+# reference). Its Python examples run in the test suite (tests/test_guide.py).
+docs: deps
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
 bench: build
 	$(PY) benches/bench_enqueue_sqlite.py
 	$(PY) benches/bench_drain_sqlite.py
 
 clean:
-	rm -rf $(VENV) target
+	rm -rf $(VENV) target site

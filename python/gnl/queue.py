@@ -66,15 +66,19 @@ class JobInfo:
     """A job as stored. Instants are epoch ms UTC (store clock).
 
     Attributes:
-        id: The job id. org_id: Its organization, or None.
-        type: The handler key. payload: The JSON payload.
+        id: The job id.
+        type: The handler key.
+        org_id: Its organization, or None.
+        payload: The JSON payload.
         state: ``pending``, ``running``, ``done``, ``dead`` or ``canceled``.
         attempts: Attempts used (counted at claim time).
         max_attempts: The limit set by the worker that last claimed it (5 before any claim).
         last_error: The error of the last failed attempt, or why it was canceled.
         result: The handler's return value (``done`` jobs).
-        created_at, updated_at: When it was enqueued, last changed.
-        run_at: When it is (or was) due. finished_at: When it reached done, dead or canceled.
+        created_at: When it was enqueued.
+        updated_at: When it last changed.
+        run_at: When it is (or was) due.
+        finished_at: When it reached done, dead or canceled; None before.
     """
 
     id: str

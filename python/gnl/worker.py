@@ -58,7 +58,9 @@ class JobContext:
     """What a handler gets besides its payload.
 
     Attributes:
-        job_id: The job id. type: The job type. org_id: Its organization, or None.
+        job_id: The job id.
+        type: The job type.
+        org_id: Its organization, or None.
         attempt: 1-based attempt number (counted at claim time, so a crash uses one up).
         run_id: The job's durable run id, stable across reclaims and retries of this job.
         journal: The journal (``storage.journal``).
