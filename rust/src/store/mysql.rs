@@ -27,7 +27,7 @@ use sqlx::mysql::{
 };
 use sqlx::{Arguments, Connection, Encode, Executor, Row, Transaction, Type};
 
-use super::Store;
+use super::{JournalStore, QueueStore, Store};
 use crate::error::{Error, Result};
 use crate::model::*;
 
@@ -720,6 +720,13 @@ impl Store for MysqlStore {
         r
     }
 
+    async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+#[async_trait]
+impl QueueStore for MysqlStore {
     async fn enqueue_batch(&self, jobs: &JobBatch) -> Result<()> {
         if jobs.is_empty() {
             return Ok(());
@@ -1184,7 +1191,10 @@ impl Store for MysqlStore {
         .rows_affected();
         Ok(n > 0)
     }
+}
 
+#[async_trait]
+impl JournalStore for MysqlStore {
     async fn step_get(&self, run_id: &str, name: &str) -> Result<Option<String>> {
         self.counted(1);
         let row = sqlx::query(&format!(
@@ -1227,10 +1237,6 @@ impl Store for MysqlStore {
                 message: format!("step {name:?} of run {run_id:?} vanished after it was written"),
                 code: None,
             })
-    }
-
-    async fn close(&self) {
-        self.pool.close().await;
     }
 }
 

@@ -20,7 +20,7 @@ use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 use sqlx::{Executor, Postgres, Row, Transaction};
 
-use super::{Part, PartReceiver, Store};
+use super::{JournalStore, Part, PartReceiver, QueueStore, Store};
 use crate::error::{Error, Result};
 use crate::model::*;
 
@@ -902,6 +902,13 @@ impl Store for PostgresStore {
         self.commit(tx).await
     }
 
+    async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+#[async_trait]
+impl QueueStore for PostgresStore {
     async fn enqueue_batch(&self, jobs: &JobBatch) -> Result<()> {
         if jobs.is_empty() {
             return Ok(());
@@ -1108,7 +1115,10 @@ impl Store for PostgresStore {
             .rows_affected();
         Ok(n > 0)
     }
+}
 
+#[async_trait]
+impl JournalStore for PostgresStore {
     async fn step_get(&self, run_id: &str, name: &str) -> Result<Option<String>> {
         self.counted(1);
         Ok(
@@ -1135,10 +1145,6 @@ impl Store for PostgresStore {
                 return Ok(k);
             }
         }
-    }
-
-    async fn close(&self) {
-        self.pool.close().await;
     }
 }
 

@@ -16,7 +16,7 @@ use sqlx::sqlite::{
 use sqlx::{Arguments, Executor, Row, Sqlite, Transaction};
 
 use super::url::SqliteTarget;
-use super::Store;
+use super::{JournalStore, QueueStore, Store};
 use crate::error::{Error, Result};
 use crate::model::*;
 
@@ -434,6 +434,13 @@ impl Store for SqliteStore {
         self.commit(tx).await
     }
 
+    async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+#[async_trait]
+impl QueueStore for SqliteStore {
     async fn enqueue_batch(&self, jobs: &JobBatch) -> Result<()> {
         if jobs.is_empty() {
             return Ok(());
@@ -768,7 +775,10 @@ impl Store for SqliteStore {
         self.commit(tx).await?;
         Ok(n > 0)
     }
+}
 
+#[async_trait]
+impl JournalStore for SqliteStore {
     async fn step_get(&self, run_id: &str, name: &str) -> Result<Option<String>> {
         self.counted(1);
         Ok(
@@ -799,10 +809,6 @@ impl Store for SqliteStore {
                 .await?;
         self.commit(tx).await?;
         Ok(kept)
-    }
-
-    async fn close(&self) {
-        self.pool.close().await;
     }
 }
 
