@@ -154,3 +154,35 @@ pub async fn renew(
 ) -> Result<Vec<RenewStatus>> {
     again_on_deadlock(|| store.renew(leases, ttl_ms)).await
 }
+
+/// The columns of a `JobRow`, in `job_row`'s order (every engine selects these).
+pub(crate) const JOB_COLS: &str =
+    "seq, org, id, type, payload, state, attempts, max_attempts, last_error, result, \
+     created_at, updated_at, run_at, finished_at";
+
+/// A `JobRow` from a row of `JOB_COLS`, on an engine whose text columns decode as `String`
+/// (SQLite, Postgres; MySQL reads its binary text columns as bytes).
+pub(crate) fn job_row<'r, R>(r: &'r R) -> JobRow
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    JobRow {
+        seq: r.get(0),
+        org: r.get(1),
+        id: r.get(2),
+        typ: r.get(3),
+        payload: r.get(4),
+        state: r.get(5),
+        attempts: r.get(6),
+        max_attempts: r.get(7),
+        last_error: r.get(8),
+        result: r.get(9),
+        created_at: r.get(10),
+        updated_at: r.get(11),
+        run_at: r.get(12),
+        finished_at: r.get(13),
+    }
+}
