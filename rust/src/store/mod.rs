@@ -23,6 +23,8 @@ pub mod mysql;
 pub mod postgres;
 pub mod queue;
 pub mod sqlite;
+#[cfg(test)]
+pub(crate) mod suite;
 pub mod url;
 
 pub use journal::JournalStore;

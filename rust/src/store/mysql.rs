@@ -1242,147 +1242,19 @@ impl JournalStore for MysqlStore {
 
 #[cfg(test)]
 mod tests {
-    use std::future::Future;
-    use std::sync::Arc;
-
     use sqlx::mysql::MySqlPoolOptions;
     use sqlx::Executor;
 
     use super::check_version;
     use crate::error::Error;
-    use crate::store::postgres::suite;
-    use crate::store::{latest_version, open, upgrade, Store};
-
-    fn base_url() -> String {
-        std::env::var("GNL_TEST_MYSQL_URL")
-            .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
-    }
-
-    /// `base` with its database replaced by `db`.
-    fn with_db(base: &str, db: &str) -> String {
-        let (main, query) = match base.split_once('?') {
-            Some((m, q)) => (m, format!("?{q}")),
-            None => (base, String::new()),
-        };
-        let scheme_end = main.find("://").map_or(0, |i| i + 3);
-        let host_part = match main[scheme_end..].find('/') {
-            Some(i) => &main[..scheme_end + i],
-            None => main,
-        };
-        format!("{host_part}/{db}{query}")
-    }
-
-    /// A fresh database for one test: (admin pool, database, URL). `None` (with a note) when
-    /// the server cannot be reached, except in CI, where that fails.
-    async fn fresh() -> Option<(sqlx::MySqlPool, String, String)> {
-        let base = base_url();
-        let admin = match MySqlPoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(std::time::Duration::from_secs(10))
-            .connect(&base)
-            .await
-        {
-            Ok(p) => p,
-            Err(e) => {
-                if std::env::var("CI").as_deref() == Ok("true") {
-                    panic!("MySQL at {base} is unreachable in CI: {e}");
-                }
-                eprintln!("note: MySQL at {base} is unreachable ({e}); test skipped");
-                return None;
-            }
-        };
-        let db = format!("gnl_t_{}", uuid::Uuid::now_v7().simple());
-        admin
-            .execute(format!("CREATE DATABASE {db}").as_str())
-            .await
-            .unwrap();
-        let url = with_db(&base, &db);
-        Some((admin, db, url))
-    }
-
-    async fn drop_db(admin: sqlx::MySqlPool, db: &str) {
-        admin
-            .execute(format!("DROP DATABASE IF EXISTS {db}").as_str())
-            .await
-            .unwrap();
-        admin.close().await;
-    }
-
-    /// Run `f` on a fresh, migrated store; the database is dropped afterwards, even on panic.
-    async fn with_store<F, Fut>(f: F)
-    where
-        F: FnOnce(Arc<dyn Store>, String) -> Fut + Send + 'static,
-        Fut: Future<Output = ()> + Send + 'static,
-    {
-        let Some((admin, db, url)) = fresh().await else {
-            return;
-        };
-        let u = url.clone();
-        let res = tokio::spawn(async move {
-            let s = open(&u, 4, true).await.unwrap();
-            f(s.clone(), u).await;
-            s.close().await;
-        })
-        .await;
-        drop_db(admin, &db).await;
-        if let Err(e) = res {
-            std::panic::resume_unwind(e.into_panic());
-        }
-    }
-
-    macro_rules! engine_tests {
-        ($($name:ident),* $(,)?) => {$(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() {
-                with_store(|s, _url| suite::$name(s)).await;
-            }
-        )*};
-    }
-
-    engine_tests!(
-        lanes_are_served_in_turn,
-        lanes_alternate_however_fast_the_claims,
-        a_batch_takes_lanes_in_turn_and_each_lane_in_order,
-        a_claim_without_the_probe_claims_the_same,
-        an_empty_poll_is_one_query_whatever_the_lanes,
-        a_stale_holder_cannot_write_after_a_reclaim,
-        an_abandoned_claim_gives_back_only_its_unfinished_jobs,
-        a_lease_is_each_jobs_own,
-        a_canceled_job_keeps_the_cancels_reason,
-        a_crash_on_the_last_attempt_dead_letters_the_job,
-        failures_retry_after_the_delay_then_dead_letter,
-        max_depth_counts_the_calls_own_jobs_and_writes_nothing,
-        steps_keep_the_first_result,
-        a_100k_job_enqueue_is_one_call,
-        a_batch_over_many_organizations_is_one_call,
-        a_batch_in_parts_is_written_whole_or_not_at_all,
-        big_payloads_are_split_by_size,
-        ids_are_exact_and_scoped_per_organization,
-        listings_cancel_and_renew,
-        the_clock_is_the_stores,
-        a_big_batch_skips_taken_and_repeated_ids,
-    );
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn concurrent_claimers_never_take_the_same_job() {
-        with_store(suite::concurrent_claimers_never_take_the_same_job).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn jobs_enqueued_while_claimers_run_are_all_claimed() {
-        with_store(suite::jobs_enqueued_while_claimers_run_are_all_claimed).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn max_depth_is_exact_under_concurrent_enqueues() {
-        with_store(suite::max_depth_is_exact_under_concurrent_enqueues).await;
-    }
+    use crate::store::open;
+    use crate::store::suite::{self, mysql_url, with_db, with_store, Engine};
 
     /// A claim never waits for another transaction: not for an enqueue still open in the lane
     /// it serves, nor for a lane or an expired job row another transaction holds.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_claim_never_waits_on_open_transactions() {
-        with_store(|s, url| async move {
+        with_store(Engine::Mysql, |s, url| async move {
             // "expired": claimed with a 1 ms lease, then held by an open transaction.
             s.enqueue(&[suite::job("x", "expired")]).await.unwrap();
             let got = s.claim(&[], &suite::req(1, 1)).await.unwrap();
@@ -1434,7 +1306,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn long_unicode_ids_are_unique_keys() {
         // 1,000 four-byte characters: longer than an InnoDB key, kept unique by its hash.
-        with_store(|s, _url| async move {
+        with_store(Engine::Mysql, |s, _url| async move {
             let a: String = "\u{1F600}".repeat(1_000);
             let b: String = format!("{}\u{1F601}", "\u{1F600}".repeat(999));
             s.enqueue(&[suite::job("", &a), suite::job("", &b), suite::job("", &a)])
@@ -1449,11 +1321,11 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_payload_over_the_packet_limit_is_refused_before_writing() {
-        with_store(|s, _url| async move {
+        with_store(Engine::Mysql, |s, _url| async move {
             let packet: i64 = {
                 let n = s.now_ms().await.unwrap();
                 assert!(n > 0);
-                let pool = sqlx::MySqlPool::connect(&base_url()).await.unwrap();
+                let pool = sqlx::MySqlPool::connect(&mysql_url()).await.unwrap();
                 let p: i64 = sqlx::query_scalar("SELECT CAST(@@max_allowed_packet AS SIGNED)")
                     .fetch_one(&pool)
                     .await
@@ -1475,7 +1347,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn claims_read_indexes_without_filesort() {
-        with_store(|s, url| async move {
+        with_store(Engine::Mysql, |s, url| async move {
             let jobs: Vec<_> = (0..3_000)
                 .map(|i| suite::job(&format!("o{}", i % 300), &format!("{i}")))
                 .collect();
@@ -1527,32 +1399,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn concurrent_migrations_agree() {
-        let Some((admin, db, url)) = fresh().await else {
-            return;
-        };
-        let runs: Vec<_> = (0..3)
-            .map(|_| {
-                let u = url.clone();
-                tokio::spawn(async move { upgrade(&u).await })
-            })
-            .collect();
-        let mut results = vec![];
-        for r in runs {
-            results.push(r.await.unwrap());
-        }
-        let s = open(&url, 1, false).await;
-        let version = match &s {
-            Ok(s) => s.schema_version().await.unwrap(),
-            Err(_) => None,
-        };
-        if let Ok(s) = s {
-            s.close().await;
-        }
-        drop_db(admin, &db).await;
-        for r in results {
-            assert_eq!(r.unwrap(), latest_version("mysql"));
-        }
-        assert_eq!(version, Some(latest_version("mysql")));
+        suite::concurrent_migrations_agree(Engine::Mysql).await;
     }
 
     #[tokio::test]
@@ -1565,7 +1412,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_url_without_database_is_refused() {
-        let base = base_url();
+        let base = mysql_url();
         let url = with_db(&base, "");
         if let Err(e) = MySqlPoolOptions::new()
             .max_connections(1)

@@ -1,36 +1,15 @@
-//! SQLite's own engine tests, on an in-memory store (the engine suite shared by the three
-//! engines runs on a file).
+//! SQLite's own engine tests, on an in-memory store (the engine suite, `store::suite`, runs
+//! on a file).
 
 use std::sync::Arc;
 
 use crate::error::Error;
 use crate::model::*;
+use crate::store::suite::{job, req};
 use crate::store::{open, Store};
 
 async fn store() -> Arc<dyn Store> {
     open("sqlite::memory:", 1, true).await.unwrap()
-}
-
-fn job(org: &str, id: &str) -> NewJob {
-    NewJob {
-        org: org.into(),
-        id: id.into(),
-        typ: "t".into(),
-        payload: "{}".into(),
-        run_at: None,
-        delay_ms: None,
-        max_depth: None,
-    }
-}
-
-fn req(limit: usize, ttl_ms: i64) -> ClaimRequest {
-    ClaimRequest {
-        owner: "w".into(),
-        limit,
-        ttl_ms,
-        max_attempts: 2,
-        probe: true,
-    }
 }
 
 #[tokio::test]
