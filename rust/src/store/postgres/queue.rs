@@ -1,67 +1,44 @@
-//! The Postgres engine. Every instant is the server's clock (`statement_timestamp()`), so many
-//! worker processes on many machines agree on due times and leases.
-//!
-//! Claims take lanes and jobs with `FOR UPDATE SKIP LOCKED`: concurrent claimers never take the
-//! same job and never wait for each other. Batches travel as arrays (`unnest`), so a write is
-//! one statement whatever its size (the protocol's 65,535 bind parameters never bind).
-//!
-//! Lock order, to keep transactions from deadlocking each other: job rows first, then lane rows
-//! (several lanes in one statement, sorted by org). Claimers lock lanes and jobs with SKIP
-//! LOCKED only, so they never wait on a row after they hold a lane.
+//! The Postgres queue (`QueueStore`): enqueue (`COPY`, or `INSERT … SELECT FROM unnest(…)`,
+//! under the enqueue locks), claims and outcomes in one statement (`gnl_claim`, `FOR UPDATE
+//! SKIP LOCKED`), renewals of leases and their lease records, listings, retry and cancel.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::str::FromStr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::Ordering;
 
 use async_trait::async_trait;
-use sqlx::migrate::Migrator;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
-use sqlx::{Executor, Postgres, Row, Transaction};
+use sqlx::Row;
 
-use super::{JournalStore, Part, PartReceiver, QueueStore, Store};
+use super::{pg_text, PostgresStore, Tx};
 use crate::error::{Error, Result};
 use crate::model::*;
+use crate::store::queue::{append_part, job_row, receive_all, JOB_COLS};
+use crate::store::{Part, PartReceiver, QueueStore};
 
-/// The Postgres migrations, embedded. Applied by `migrate`, recorded in `gnl_schema`.
-pub static MIGRATOR: Migrator = sqlx::migrate!("rust/migrations/postgres");
-
-/// The store's clock in SQL: epoch ms of the statement's start, on the server.
-macro_rules! now_ms {
-    () => {
-        "(floor(extract(epoch from statement_timestamp()) * 1000)::bigint)"
-    };
-}
-
-/// The oldest server this engine runs on (`server_version_num`).
-const MIN_SERVER_VERSION: i64 = 120_000;
-/// How long a call waits for a pooled connection (sqlx retries a refused connection inside
-/// this) before the store counts as unavailable: an outage is reported, and logged by the
-/// loops that carry on through it, within this time.
-const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
 /// One `INSERT … SELECT FROM unnest(…)` carries at most this many jobs / bytes of job text.
 const CHUNK_ROWS: usize = 50_000;
+
 const CHUNK_BYTES: usize = 64 << 20;
+
 /// Batches of at least this many jobs are written with `COPY` (fewer: one statement).
 const COPY_MIN_ROWS: usize = 1_000;
+
 /// `COPY` data is sent in messages of about this size (the batch is never encoded whole).
 const COPY_SEND_BYTES: usize = 256 << 10;
+
 const COPY_JOBS: &str =
     "COPY gnl_jobs (org, id, type, payload, run_at, in_order, state, created_at, updated_at) \
                          FROM STDIN (FORMAT binary)";
+
 /// SQLSTATE unique_violation.
 const UNIQUE_VIOLATION: &str = "23505";
+
 /// Calls that carry outcomes, and claims without the empty-poll probe, look for expired leases
 /// at most this often (an empty poll always looks).
 const RECLAIM_EVERY_MS: u64 = 250;
 
-const JOB_COLS: &str =
-    "seq, org, id, type, payload, state, attempts, max_attempts, last_error, result, \
-     created_at, updated_at, run_at, finished_at";
-
 /// The empty poll: one read, two index seeks, whatever the number of lanes.
-const PRECHECK: &str = concat!(
+pub(super) const PRECHECK: &str = concat!(
     "SELECT coalesce((SELECT min(next_run_at) FROM gnl_lanes WHERE next_run_at IS NOT NULL) <= ",
     now_ms!(),
     ", false), coalesce((SELECT min(expires_at) FROM gnl_leases) < ",
@@ -183,6 +160,7 @@ const ENQUEUE_ONE: [&str; 2] = [
     enqueue_one!(lock_each_lane!()),
     enqueue_one!(lock_all_lanes!()),
 ];
+
 const ENQUEUE_LOCK: [&str; 2] = [
     enqueue_lock!(lock_each_lane!()),
     enqueue_lock!(lock_all_lanes!()),
@@ -295,114 +273,7 @@ const CANCEL: &str = concat!(
      WHERE org = $1 AND id = $2 AND state IN ('pending', 'running')"
 );
 
-const STEP_PUT: &str = concat!(
-    "WITH ins AS (
-       INSERT INTO gnl_steps (run_id, name, result, created_at) VALUES ($1, $2, $3, ",
-    now_ms!(),
-    ")
-       ON CONFLICT (run_id, name) DO NOTHING
-       RETURNING result
-     )
-     SELECT result FROM ins
-     UNION ALL
-     SELECT result FROM gnl_steps WHERE run_id = $1 AND name = $2
-     LIMIT 1"
-);
-
-fn job_row(r: &PgRow) -> JobRow {
-    JobRow {
-        seq: r.get(0),
-        org: r.get(1),
-        id: r.get(2),
-        typ: r.get(3),
-        payload: r.get(4),
-        state: r.get(5),
-        attempts: r.get(6),
-        max_attempts: r.get(7),
-        last_error: r.get(8),
-        result: r.get(9),
-        created_at: r.get(10),
-        updated_at: r.get(11),
-        run_at: r.get(12),
-        finished_at: r.get(13),
-    }
-}
-
-/// Postgres `text` cannot hold NUL: free text (errors, reasons, owners) gets U+FFFD instead.
-fn pg_text(s: &str) -> Cow<'_, str> {
-    if s.contains('\0') {
-        Cow::Owned(s.replace('\0', "\u{FFFD}"))
-    } else {
-        Cow::Borrowed(s)
-    }
-}
-
-type Tx = Transaction<'static, Postgres>;
-
-pub struct PostgresStore {
-    pool: PgPool,
-    queries: AtomicU64,
-    /// When a call of this store last looked for expired leases (ms since `started`; 0:
-    /// never).
-    last_reclaim: AtomicU64,
-    started: std::time::Instant,
-}
-
 impl PostgresStore {
-    pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
-        let opts = PgConnectOptions::from_str(url)
-            .map_err(|e| Error::invalid(format!("bad Postgres URL: {e}")))?
-            .statement_cache_capacity(256);
-        let pool = PgPoolOptions::new()
-            .max_connections(max_connections.max(1))
-            .min_connections(0)
-            .acquire_timeout(ACQUIRE_TIMEOUT)
-            // A connection used within the last second is alive (sqlx pings it on release);
-            // only one that idled longer is pinged before use, which spares a round trip
-            // per call on a busy pool and still drops connections a server restart broke.
-            .test_before_acquire(false)
-            .before_acquire(|conn, meta| {
-                Box::pin(async move {
-                    if meta.idle_for > Duration::from_secs(1) {
-                        sqlx::Connection::ping(conn).await?;
-                    }
-                    Ok(true)
-                })
-            })
-            .idle_timeout(Some(Duration::from_secs(300)))
-            .max_lifetime(Some(Duration::from_secs(1800)))
-            .connect_with(opts.clone())
-            .await;
-        let pool = match pool {
-            Ok(p) => p,
-            Err(e) => return Err(super::pool_error(&opts, e).await),
-        };
-        let store = PostgresStore {
-            pool,
-            queries: AtomicU64::new(0),
-            last_reclaim: AtomicU64::new(0),
-            started: std::time::Instant::now(),
-        };
-        store.counted(1);
-        let (num, text): (String, String) = sqlx::query_as(
-            "SELECT current_setting('server_version_num'), current_setting('server_version')",
-        )
-        .fetch_one(&store.pool)
-        .await?;
-        let num: i64 = num.trim().parse().unwrap_or(0);
-        if num < MIN_SERVER_VERSION {
-            store.pool.close().await;
-            return Err(Error::UnsupportedStore(format!(
-                "this Postgres server is version {text}; gnl needs PostgreSQL 12 or newer"
-            )));
-        }
-        Ok(store)
-    }
-
-    fn counted(&self, n: u64) {
-        self.queries.fetch_add(n, Ordering::Relaxed);
-    }
-
     /// Whether a call that writes anyway (outcomes, a claim without the probe) should also
     /// look for expired leases: at most every `RECLAIM_EVERY_MS` (this process's monotonic
     /// clock; lease decisions themselves use the server's). A stale lease waits that much
@@ -415,23 +286,6 @@ impl PostgresStore {
                 .last_reclaim
                 .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
-    }
-
-    async fn begin(&self) -> Result<Tx> {
-        self.counted(1);
-        Ok(self.pool.begin().await?)
-    }
-
-    async fn commit(&self, tx: Tx) -> Result<()> {
-        self.counted(1);
-        tx.commit().await?;
-        Ok(())
-    }
-
-    async fn rollback(&self, tx: Tx) -> Result<()> {
-        self.counted(1);
-        tx.rollback().await?;
-        Ok(())
     }
 
     /// Write outcomes, (when `reclaim`) take back expired leases, and claim up to `limit` jobs,
@@ -833,81 +687,6 @@ fn check_depths(depths: &[(String, i64)], limits: &BTreeMap<&str, i64>) -> Resul
 }
 
 #[async_trait]
-impl Store for PostgresStore {
-    fn backend(&self) -> &'static str {
-        "postgres"
-    }
-
-    fn query_count(&self) -> u64 {
-        self.queries.load(Ordering::Relaxed)
-    }
-
-    async fn now_ms(&self) -> Result<i64> {
-        self.counted(1);
-        Ok(sqlx::query_scalar(concat!("SELECT ", now_ms!()))
-            .fetch_one(&self.pool)
-            .await?)
-    }
-
-    async fn schema_version(&self) -> Result<Option<i64>> {
-        self.counted(1);
-        let has: bool = sqlx::query_scalar("SELECT to_regclass('gnl_schema') IS NOT NULL")
-            .fetch_one(&self.pool)
-            .await?;
-        if !has {
-            return Ok(None);
-        }
-        self.counted(1);
-        let v: Option<i64> = sqlx::query_scalar("SELECT version FROM gnl_schema WHERE id = 1")
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(Some(v.unwrap_or(0)))
-    }
-
-    async fn migrate(&self) -> Result<()> {
-        let mut tx = self.begin().await?;
-        // One migrator at a time per schema; the lock ends with the transaction. DDL is
-        // transactional here: a failed migration leaves nothing behind.
-        self.counted(1);
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('gnl_migrate:' || current_schema()))")
-            .execute(&mut *tx)
-            .await?;
-        self.counted(1);
-        tx.execute(
-            "CREATE TABLE IF NOT EXISTS gnl_schema (id integer PRIMARY KEY CHECK (id = 1), version bigint NOT NULL)",
-        )
-        .await?;
-        self.counted(1);
-        let current: i64 = sqlx::query_scalar("SELECT coalesce(max(version), 0) FROM gnl_schema")
-            .fetch_one(&mut *tx)
-            .await?;
-        for m in MIGRATOR
-            .iter()
-            .filter(|m| m.version > current && !m.migration_type.is_down_migration())
-        {
-            self.counted(1);
-            (&mut *tx).execute(&*m.sql).await?;
-        }
-        let latest = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
-        if latest > current {
-            self.counted(1);
-            sqlx::query(
-                "INSERT INTO gnl_schema (id, version) VALUES (1, $1) \
-                 ON CONFLICT (id) DO UPDATE SET version = excluded.version",
-            )
-            .bind(latest)
-            .execute(&mut *tx)
-            .await?;
-        }
-        self.commit(tx).await
-    }
-
-    async fn close(&self) {
-        self.pool.close().await;
-    }
-}
-
-#[async_trait]
 impl QueueStore for PostgresStore {
     async fn enqueue_batch(&self, jobs: &JobBatch) -> Result<()> {
         if jobs.is_empty() {
@@ -951,10 +730,10 @@ impl QueueStore for PostgresStore {
         // that skips taken ids or for a caller that runs it again.
         let mut all = JobBatch::default();
         for part in got.drain(..) {
-            super::append_part(jobs, &mut all, &part);
+            append_part(jobs, &mut all, &part);
         }
         if !whole {
-            if let Err(e) = super::receive_all(jobs, parts, &mut all).await {
+            if let Err(e) = receive_all(jobs, parts, &mut all).await {
                 return (Err(e), all);
             }
         }
@@ -1114,246 +893,5 @@ impl QueueStore for PostgresStore {
             .await?
             .rows_affected();
         Ok(n > 0)
-    }
-}
-
-#[async_trait]
-impl JournalStore for PostgresStore {
-    async fn step_get(&self, run_id: &str, name: &str) -> Result<Option<String>> {
-        self.counted(1);
-        Ok(
-            sqlx::query_scalar("SELECT result FROM gnl_steps WHERE run_id = $1 AND name = $2")
-                .bind(run_id)
-                .bind(name)
-                .fetch_optional(&self.pool)
-                .await?,
-        )
-    }
-
-    async fn step_put(&self, run_id: &str, name: &str, result: &str) -> Result<String> {
-        loop {
-            self.counted(1);
-            let kept: Option<String> = sqlx::query_scalar(STEP_PUT)
-                .bind(run_id)
-                .bind(name)
-                .bind(result)
-                .fetch_optional(&self.pool)
-                .await?;
-            // None: another writer's row committed after this statement's snapshot (it waited
-            // on that writer); the next statement sees it.
-            if let Some(k) = kept {
-                return Ok(k);
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use sqlx::postgres::PgPoolOptions;
-    use sqlx::Executor;
-
-    use crate::error::Error;
-    use crate::store::open;
-    use crate::store::suite::{self, with_store, Engine, Fresh};
-
-    /// A connection of its own to the store at `url` (for reads and locks beside the store's).
-    async fn side_pool(url: &str) -> sqlx::PgPool {
-        PgPoolOptions::new()
-            .max_connections(1)
-            .connect(url)
-            .await
-            .unwrap()
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_empty_poll_is_one_claim_statement_plan() {
-        // The empty poll's two reads are index seeks (no scan of the lanes or the jobs).
-        with_store(Engine::Postgres, |s, url| async move {
-            let jobs: Vec<_> = (0..2_000)
-                .map(|i| suite::job(&format!("o{i}"), "x"))
-                .collect();
-            s.enqueue(&jobs).await.unwrap();
-            let pool = side_pool(&url).await;
-            pool.execute("ANALYZE gnl_lanes; ANALYZE gnl_jobs")
-                .await
-                .unwrap();
-            let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {}", super::PRECHECK))
-                .fetch_all(&pool)
-                .await
-                .unwrap();
-            let plan = plan.join("\n");
-            assert!(!plan.contains("Seq Scan"), "{plan}");
-            pool.close().await;
-        })
-        .await;
-    }
-
-    /// A claim writes one lease record for its jobs; outcomes count them off and the last one
-    /// deletes it; a reclaim deletes an expired record once none of its jobs runs under it.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn lease_records_live_as_long_as_their_running_jobs() {
-        with_store(Engine::Postgres, |s, url| async move {
-            let pool = side_pool(&url).await;
-            let records = |pool: sqlx::PgPool| async move {
-                let r: Vec<(i64, i64)> = sqlx::query_as(
-                    "SELECT remaining, cardinality(seqs)::bigint FROM gnl_leases ORDER BY id",
-                )
-                .fetch_all(&pool)
-                .await
-                .unwrap();
-                r
-            };
-            let jobs: Vec<_> = (0..5).map(|i| suite::job("o", &format!("{i}"))).collect();
-            s.enqueue(&jobs).await.unwrap();
-            let got = s.claim(&[], &suite::req(5, 60_000)).await.unwrap();
-            assert_eq!(records(pool.clone()).await, vec![(5, 5)]);
-            let done = |j| suite::done(j, "null");
-            s.finish(&[done(&got[0]), done(&got[1])]).await.unwrap();
-            assert_eq!(records(pool.clone()).await, vec![(3, 5)]);
-            // A stale outcome (a wrong token) counts nothing.
-            let mut stale = got[2].clone();
-            stale.token += 7;
-            s.finish(&[done(&stale)]).await.unwrap();
-            assert_eq!(records(pool.clone()).await, vec![(3, 5)]);
-            let failed = suite::failed(&got[2], "e", 60_000);
-            s.claim(&[failed, done(&got[3])], &suite::req(0, 60_000))
-                .await
-                .unwrap();
-            assert_eq!(records(pool.clone()).await, vec![(1, 5)]);
-            s.finish(&[done(&got[4])]).await.unwrap();
-            assert_eq!(records(pool.clone()).await, vec![]);
-            // Abandoned: taken back after the lease, the record with it.
-            s.enqueue(&[suite::job("p", "x"), suite::job("p", "y")])
-                .await
-                .unwrap();
-            let got = s.claim(&[], &suite::req(2, 10)).await.unwrap();
-            assert_eq!(got.len(), 2);
-            s.finish(&[done(&got[0])]).await.unwrap();
-            tokio::time::sleep(std::time::Duration::from_millis(30)).await;
-            let again = s.claim(&[], &suite::req(5, 60_000)).await.unwrap();
-            assert_eq!(again.len(), 1);
-            assert_eq!(
-                (again[0].id.as_str(), again[0].attempt),
-                (got[1].id.as_str(), 2)
-            );
-            assert_eq!(records(pool.clone()).await, vec![(1, 1)]);
-            pool.close().await;
-        })
-        .await;
-    }
-
-    /// Claims add no index entries (they are HOT updates): a drain's claims leave the size of
-    /// every index of gnl_jobs as the enqueue left it.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn claims_write_no_index_entries() {
-        with_store(Engine::Postgres, |s, url| async move {
-            let jobs: Vec<_> = (0..3_000)
-                .map(|i| suite::job(["a", "b", "c"][i % 3], &format!("job:{i}")))
-                .collect();
-            s.enqueue(&jobs).await.unwrap();
-            let pool = side_pool(&url).await;
-            let sizes = |pool: sqlx::PgPool| async move {
-                let r: Vec<(String, i64)> = sqlx::query_as(
-                    "SELECT indexrelid::regclass::text, pg_relation_size(indexrelid) FROM pg_index \
-                     WHERE indrelid = 'gnl_jobs'::regclass ORDER BY 1",
-                )
-                .fetch_all(&pool)
-                .await
-                .unwrap();
-                r
-            };
-            let before = sizes(pool.clone()).await;
-            assert_eq!(before.len(), 3, "{before:?}");
-            let mut claimed = 0;
-            loop {
-                let got = s.claim(&[], &suite::req(100, 60_000)).await.unwrap();
-                if got.is_empty() {
-                    break;
-                }
-                claimed += got.len();
-            }
-            assert_eq!(claimed, 3_000);
-            assert_eq!(sizes(pool.clone()).await, before);
-            pool.close().await;
-        })
-        .await;
-    }
-
-    /// A claim never waits for another transaction: not for an enqueue still open in the lane
-    /// it serves, nor for a lane or an expired job row another transaction holds.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_claim_never_waits_on_open_transactions() {
-        with_store(Engine::Postgres, |s, url| async move {
-            s.enqueue(&[suite::job("x", "expired")]).await.unwrap();
-            let got = s.claim(&[], &suite::req(1, 1)).await.unwrap();
-            assert_eq!(got[0].id, "expired");
-            let expired = got[0].seq;
-            let jobs: Vec<_> = (0..3).map(|i| suite::job("o", &format!("{i}"))).collect();
-            s.enqueue(&jobs).await.unwrap();
-            s.enqueue(&[suite::job("busy", "b")]).await.unwrap();
-            let pool = side_pool(&url).await;
-            let mut tx = pool.begin().await.unwrap();
-            tx.execute(
-                "INSERT INTO gnl_jobs (org, id, type, payload, run_at, state, created_at, updated_at) \
-                 VALUES ('o', 'open', 't', '{}', 0, 'pending', 0, 0)",
-            )
-            .await
-            .unwrap();
-            tx.execute("SELECT org FROM gnl_lanes WHERE org = 'busy' FOR UPDATE")
-                .await
-                .unwrap();
-            sqlx::query("SELECT seq FROM gnl_jobs WHERE seq = $1 FOR UPDATE")
-                .bind(expired)
-                .execute(&mut *tx)
-                .await
-                .unwrap();
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-            let ten = suite::req(10, 60_000);
-            let got = tokio::time::timeout(std::time::Duration::from_secs(5), s.claim(&[], &ten))
-                .await
-                .expect("the claim waited on another transaction")
-                .unwrap();
-            let mut ids: Vec<&str> = got.iter().map(|j| j.id.as_str()).collect();
-            ids.sort();
-            assert_eq!(ids, vec!["0", "1", "2"]);
-            tx.commit().await.unwrap();
-            pool.close().await;
-            let got = s.claim(&[], &suite::req(10, 60_000)).await.unwrap();
-            let ids: Vec<&str> = got.iter().map(|j| j.id.as_str()).collect();
-            assert!(ids.contains(&"b"), "{ids:?}");
-        })
-        .await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn concurrent_migrations_agree() {
-        suite::concurrent_migrations_agree(Engine::Postgres).await;
-    }
-
-    #[tokio::test]
-    async fn an_empty_schema_is_refused_without_create() {
-        let Some(db) = Fresh::new(Engine::Postgres).await else {
-            return;
-        };
-        let r = open(&db.url, 1, false).await.map(|_| ());
-        db.drop().await;
-        assert!(
-            matches!(r, Err(Error::SchemaOutdated { found: 0, .. })),
-            "{r:?}"
-        );
-    }
-
-    #[tokio::test]
-    async fn an_unreachable_server_is_unavailable() {
-        let r = open("postgres://postgres@127.0.0.1:1/test", 1, true)
-            .await
-            .map(|_| ());
-        match r {
-            Err(Error::StoreUnavailable { reason, .. }) => {
-                assert!(reason.to_lowercase().contains("refused"), "{reason}")
-            }
-            other => panic!("{other:?}"),
-        }
     }
 }
