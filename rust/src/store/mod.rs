@@ -3,14 +3,17 @@
 //! * `Store` (here): the engine's base (backend, clock, schema version, migrations, close),
 //!   and `open` / `upgrade`. It requires every subsystem's trait, so `Arc<dyn Store>` is the
 //!   whole store.
-//! * `queue.rs`: `QueueStore` (enqueue, claim, outcomes, renewals, listings) and its wrappers.
-//! * `journal.rs`: `JournalStore` (a run's recorded steps).
-//! * To come, each as a trait of its own beside these: `triggers.rs` (`TriggerStore`: cron
-//!   triggers, fire records, fire locks) and `events.rs` (`EventStore`: the event log, consumer
-//!   cursors, deliveries), each implemented in every engine's `triggers.rs` / `events.rs`.
-//!
-//! Engines: `sqlite` (embedded default), `postgres`, `mysql`, each with its own SQL and
-//! migrations; one conformance suite (tests/) proves they agree.
+//! * `queue.rs`: `QueueStore` (enqueue, claim, outcomes, renewals, listings) and the calls that
+//!   wrap it; `journal.rs`: `JournalStore` (a run's recorded steps).
+//! * Each engine is a folder, `sqlite/`, `postgres/`, `mysql/`: its `mod.rs` holds the
+//!   connection, migrations, error and SQL helpers and `impl Store`; one file per subsystem
+//!   holds that subsystem's SQL (`queue.rs`, `journal.rs`); `tests.rs` its own tests.
+//! * `suite/`: the engine suite every engine passes, split the same way (`queue.rs`,
+//!   `journal.rs`), on a fresh database of each engine.
+//! * To come, each a trait beside these and a file in every engine and in the suite:
+//!   `triggers.rs` (`TriggerStore`: cron triggers, fire records, fire locks) and `events.rs`
+//!   (`EventStore`: the event log, consumer cursors, deliveries).
+//! * `url.rs`: store URLs. Migrations: `rust/migrations/<engine>/`.
 
 use std::sync::Arc;
 

@@ -1,70 +1,28 @@
-//! The MySQL / MariaDB engine (MySQL >= 8.0.1, MariaDB >= 10.6: both have SKIP LOCKED). Every
-//! instant is the server's clock (`NOW(3)` in UTC), so processes on many machines agree.
-//!
-//! * Sessions run at READ COMMITTED: no gap locks, and a statement sees every commit before it.
-//! * Claims lock lanes and jobs with `FOR UPDATE SKIP LOCKED`, read through indexes that give
-//!   the claim order directly (`gnl_jobs_due`, `gnl_lanes_turn`): no filesort, so InnoDB locks
-//!   only the rows it takes. MySQL has no `UPDATE … RETURNING`: a claim reads the rows it
-//!   locked, then updates them by primary key (the fencing token is read under the lock).
-//! * Multi-row statements are sized from the server's `max_allowed_packet` (half of it) and
-//!   the 65,535 placeholders a prepared statement may hold, all inside one transaction.
-//! * Lock order, to keep transactions from deadlocking each other: job rows first, then lane
-//!   rows, sorted by org; claimers wait on nothing once they hold a lane.
-//! * Column assignments in a MySQL UPDATE see the columns already assigned to their left: every
-//!   UPDATE below assigns a column only after the assignments that read it.
+//! The MySQL queue (`QueueStore`): enqueue in multi-row inserts sized in bytes, claims that
+//! lock lanes and jobs with `FOR UPDATE SKIP LOCKED` through indexes in claim order, outcomes,
+//! reclaims of expired leases, renewals, listings, retry and cancel.
 
 use std::collections::BTreeMap;
-use std::ops::Range;
-use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::Ordering;
 
 use async_trait::async_trait;
-use sqlx::migrate::Migrator;
-use sqlx::mysql::{
-    MySql, MySqlArguments, MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions,
-    MySqlRow,
-};
-use sqlx::{Arguments, Connection, Encode, Executor, Row, Transaction, Type};
+use sqlx::mysql::{MySqlConnection, MySqlRow};
+use sqlx::Row;
 
-use super::{JournalStore, QueueStore, Store};
+use super::{is_syntax_error, opt_text, plan, text, MysqlStore, Sql};
 use crate::error::{Error, Result};
 use crate::model::*;
+use crate::store::queue::JOB_COLS;
+use crate::store::QueueStore;
 
-/// The MySQL migrations, embedded. Applied by `migrate`, recorded in `gnl_schema`.
-pub static MIGRATOR: Migrator = sqlx::migrate!("rust/migrations/mysql");
-
-/// The store's clock in SQL: epoch ms, on the server (sessions run in UTC).
-macro_rules! now_ms {
-    () => {
-        "CAST(UNIX_TIMESTAMP(NOW(3)) * 1000 AS SIGNED)"
-    };
-}
-
-/// How long a call waits for a pooled connection (sqlx retries a refused connection inside
-/// this) before the store counts as unavailable: an outage is reported, and logged by the
-/// loops that carry on through it, within this time.
-const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
-/// Placeholders per prepared statement (the protocol's limit is 65,535).
-const MAX_PARAMS: usize = 65_000;
-/// Bytes a placeholder costs in a COM_STMT_EXECUTE packet besides its value (type, length).
-const PARAM_OVERHEAD: usize = 12;
-/// Prepared statements kept per connection: the server caps them all (`max_prepared_stmt_count`,
-/// 16,382 by default) across every connection of every process.
-const STATEMENT_CACHE: usize = 32;
 /// How often a claim that carries outcomes looks for expired leases (as SQLite's engine).
 const RECLAIM_EVERY_MS: u64 = 250;
+
 /// The most jobs one claim takes.
 const MAX_CLAIM: usize = 10_000;
-/// Statements with more rows than this are prepared for one use only.
-const CACHED_ROWS: usize = 16;
-
-const JOB_COLS: &str =
-    "seq, org, id, type, payload, state, attempts, max_attempts, last_error, result, \
-     created_at, updated_at, run_at, finished_at";
 
 /// The empty poll: one read, two index seeks (MIN over an index), whatever the number of lanes.
-const PRECHECK: &str = concat!(
+pub(super) const PRECHECK: &str = concat!(
     "SELECT CAST(COALESCE((SELECT MIN(next_run_at) FROM gnl_lanes) <= ",
     now_ms!(),
     ", 0) AS SIGNED), CAST(COALESCE((SELECT MIN(lease_expires_at) FROM gnl_jobs WHERE state = 'running') < ",
@@ -75,20 +33,20 @@ const PRECHECK: &str = concat!(
 /// Whether some lane has a due job: one index end read. MIN() skips NULLs; with `WHERE
 /// next_run_at IS NOT NULL` MariaDB read the index as a range instead (45 ms at 100,000 lanes
 /// with jobs due later).
-const HAS_DUE: &str = concat!(
+pub(super) const HAS_DUE: &str = concat!(
     "SELECT CAST(COALESCE((SELECT MIN(next_run_at) FROM gnl_lanes) <= ",
     now_ms!(),
     ", 0) AS SIGNED)"
 );
 
-const CLAIM_LANES: &str = concat!(
+pub(super) const CLAIM_LANES: &str = concat!(
     "SELECT org FROM gnl_lanes FORCE INDEX (gnl_lanes_turn) \
      WHERE due_turn IS NOT NULL AND next_run_at <= ",
     now_ms!(),
     " ORDER BY due_turn, org LIMIT ? FOR UPDATE SKIP LOCKED"
 );
 
-const CLAIM_JOBS_PART: &str = concat!(
+pub(super) const CLAIM_JOBS_PART: &str = concat!(
     "SELECT seq, lease_token, org, id, type, payload, attempts, run_at \
      FROM gnl_jobs FORCE INDEX (gnl_jobs_due) \
      WHERE org = ? AND state = 'pending' AND run_at <= ",
@@ -106,76 +64,6 @@ const RECLAIM_PICK: &str = concat!(
 /// Raise a lane's bound only downwards (`next_run_at` is a lower bound of its due jobs).
 const LANE_LOWER: &str = " ON DUPLICATE KEY UPDATE next_run_at = \
      LEAST(COALESCE(gnl_lanes.next_run_at, VALUES(next_run_at)), VALUES(next_run_at))";
-
-/// The key of a step: SHA-256 over (run_id, name), run_id's length first so that no two pairs
-/// share it. Binds run_id, run_id, name.
-const STEP_KEY: &str = "UNHEX(SHA2(CONCAT(LENGTH(?), ':', ?, ?), 256))";
-
-/// A statement with its arguments, built up piece by piece.
-struct Sql {
-    text: String,
-    args: MySqlArguments,
-    rows: usize,
-}
-
-impl Sql {
-    fn new(text: impl Into<String>) -> Self {
-        Sql {
-            text: text.into(),
-            args: MySqlArguments::default(),
-            rows: 0,
-        }
-    }
-
-    fn s(&mut self, t: &str) -> &mut Self {
-        self.text.push_str(t);
-        self
-    }
-
-    fn bind<'q, T: 'q + Encode<'q, MySql> + Type<MySql>>(&mut self, v: T) -> Result<&mut Self> {
-        self.args
-            .add(v)
-            .map_err(|e| Error::invalid(e.to_string()))?;
-        Ok(self)
-    }
-
-    async fn execute<'c, E>(self, ex: E) -> Result<u64>
-    where
-        E: Executor<'c, Database = MySql>,
-    {
-        let persistent = self.rows <= CACHED_ROWS;
-        Ok(sqlx::query_with(&self.text, self.args)
-            .persistent(persistent)
-            .execute(ex)
-            .await?
-            .rows_affected())
-    }
-
-    async fn fetch_all<'c, E>(self, ex: E) -> std::result::Result<Vec<MySqlRow>, sqlx::Error>
-    where
-        E: Executor<'c, Database = MySql>,
-    {
-        let persistent = self.rows <= CACHED_ROWS;
-        sqlx::query_with(&self.text, self.args)
-            .persistent(persistent)
-            .fetch_all(ex)
-            .await
-    }
-}
-
-/// A text column read as bytes (binary collations and VARBINARY columns do not type-check as
-/// `String` in sqlx), decoded as UTF-8.
-fn text(r: &MySqlRow, i: usize) -> String {
-    let b: Vec<u8> = r.try_get_unchecked(i).unwrap_or_default();
-    String::from_utf8(b).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
-}
-
-fn opt_text(r: &MySqlRow, i: usize) -> Option<String> {
-    let b: Option<Vec<u8>> = r.try_get_unchecked(i).ok().flatten();
-    b.map(|b| {
-        String::from_utf8(b).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
-    })
-}
 
 fn job_row(r: &MySqlRow) -> JobRow {
     JobRow {
@@ -200,172 +88,7 @@ fn job_row(r: &MySqlRow) -> JobRow {
 /// `max_allowed_packet` is smaller): more parts cost a round trip each, bigger ones memory.
 const ENQUEUE_PART_BYTES: usize = 256 << 10;
 
-/// Split `n` rows into statements: at most `MAX_PARAMS` placeholders and `budget` bytes each.
-/// A row bigger than the budget gets a statement of its own.
-fn plan(
-    n: usize,
-    params_per_row: usize,
-    budget: usize,
-    bytes: impl Fn(usize) -> usize,
-) -> Vec<Range<usize>> {
-    let max_rows = (MAX_PARAMS / params_per_row.max(1)).max(1);
-    let mut out = vec![];
-    let (mut start, mut size) = (0, 0);
-    for i in 0..n {
-        let b = bytes(i) + params_per_row * PARAM_OVERHEAD + 16;
-        if i > start && (i - start >= max_rows || size + b > budget) {
-            out.push(start..i);
-            start = i;
-            size = 0;
-        }
-        size += b;
-    }
-    if start < n {
-        out.push(start..n);
-    }
-    out
-}
-
-/// The server's version text is MySQL >= 8.0.1 or MariaDB >= 10.6.
-fn check_version(v: &str) -> Result<()> {
-    let nums: Vec<u32> = v
-        .split(|c: char| !c.is_ascii_digit())
-        .take(3)
-        .map(|p| p.parse().unwrap_or(0))
-        .collect();
-    let ver = (
-        nums.first().copied().unwrap_or(0),
-        nums.get(1).copied().unwrap_or(0),
-        nums.get(2).copied().unwrap_or(0),
-    );
-    let (ok, need) = if v.to_ascii_lowercase().contains("mariadb") {
-        (ver >= (10, 6, 0), "MariaDB 10.6")
-    } else {
-        (ver >= (8, 0, 1), "MySQL 8.0.1")
-    };
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::UnsupportedStore(format!(
-            "this server is version {v}; gnl needs {need} or newer (for SELECT … FOR UPDATE SKIP LOCKED)"
-        )))
-    }
-}
-
-type Tx = Transaction<'static, MySql>;
-
-pub struct MysqlStore {
-    pool: MySqlPool,
-    queries: AtomicU64,
-    /// Bytes a statement's arguments may take: half the server's `max_allowed_packet`.
-    budget: usize,
-    max_packet: usize,
-    /// False once the server refused locking clauses inside UNION ALL (claims then read one
-    /// lane per statement).
-    union_locks: AtomicBool,
-    /// When this store last looked for expired leases (ms since `started`; 0: never).
-    last_reclaim: AtomicU64,
-    started: std::time::Instant,
-}
-
 impl MysqlStore {
-    pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
-        let opts = MySqlConnectOptions::from_str(url)
-            .map_err(|e| Error::invalid(format!("bad MySQL URL: {e}")))?
-            .timezone(Some(String::from("+00:00")))
-            .statement_cache_capacity(STATEMENT_CACHE);
-        let pool = MySqlPoolOptions::new()
-            .max_connections(max_connections.max(1))
-            .min_connections(0)
-            .acquire_timeout(ACQUIRE_TIMEOUT)
-            // A connection used within the last second is alive (sqlx pings it on release);
-            // only one that idled longer is pinged before use, which spares a round trip
-            // per call on a busy pool and still drops connections a server restart broke.
-            .test_before_acquire(false)
-            .before_acquire(|conn, meta| {
-                Box::pin(async move {
-                    if meta.idle_for > Duration::from_secs(1) {
-                        sqlx::Connection::ping(conn).await?;
-                    }
-                    Ok(true)
-                })
-            })
-            .idle_timeout(Some(Duration::from_secs(300)))
-            .max_lifetime(Some(Duration::from_secs(1800)))
-            .after_connect(|conn, _| {
-                Box::pin(async move {
-                    conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-                        .await?;
-                    Ok(())
-                })
-            })
-            .connect_with(opts.clone())
-            .await;
-        let pool = match pool {
-            Ok(p) => p,
-            Err(e) => return Err(super::pool_error(&opts, e).await),
-        };
-        let row = sqlx::query("SELECT VERSION(), DATABASE(), CAST(@@max_allowed_packet AS SIGNED)")
-            .fetch_one(&pool)
-            .await?;
-        let version = text(&row, 0);
-        let db = opt_text(&row, 1);
-        let max_packet: i64 = row.get(2);
-        if let Err(e) = check_version(&version) {
-            pool.close().await;
-            return Err(e);
-        }
-        if db.is_none() {
-            pool.close().await;
-            return Err(Error::invalid(
-                "the MySQL URL names no database: use mysql://user:password@host:3306/dbname",
-            ));
-        }
-        let max_packet = (max_packet.max(1 << 20)) as usize;
-        Ok(MysqlStore {
-            pool,
-            queries: AtomicU64::new(1),
-            budget: max_packet / 2,
-            max_packet,
-            union_locks: AtomicBool::new(true),
-            last_reclaim: AtomicU64::new(0),
-            started: std::time::Instant::now(),
-        })
-    }
-
-    fn counted(&self, n: u64) {
-        self.queries.fetch_add(n, Ordering::Relaxed);
-    }
-
-    async fn begin(&self) -> Result<Tx> {
-        self.counted(1);
-        Ok(self.pool.begin().await?)
-    }
-
-    async fn commit(&self, tx: Tx) -> Result<()> {
-        self.counted(1);
-        tx.commit().await?;
-        Ok(())
-    }
-
-    async fn rollback(&self, tx: Tx) -> Result<()> {
-        self.counted(1);
-        tx.rollback().await?;
-        Ok(())
-    }
-
-    /// The most bytes one value may have: it must fit one packet with its statement.
-    fn check_size(&self, what: &str, len: usize) -> Result<()> {
-        if len + 4096 > self.max_packet {
-            return Err(Error::invalid(format!(
-                "{what} is {len} bytes, more than this MySQL server accepts in one packet \
-                 (max_allowed_packet = {}); raise max_allowed_packet or keep large data elsewhere",
-                self.max_packet
-            )));
-        }
-        Ok(())
-    }
-
     /// Write outcomes (conditional on seq, token and state running); the seqs of failed
     /// attempts go to `back` (their lanes may need lowering).
     async fn write_outcomes(
@@ -605,123 +328,6 @@ impl MysqlStore {
             );
         }
         Ok(rows)
-    }
-}
-
-fn is_syntax_error(db: &dyn sqlx::error::DatabaseError) -> bool {
-    db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
-        .is_some_and(|e| matches!(e.number(), 1064 | 1221 | 1235 | 3729))
-}
-
-#[async_trait]
-impl Store for MysqlStore {
-    fn backend(&self) -> &'static str {
-        "mysql"
-    }
-
-    fn query_count(&self) -> u64 {
-        self.queries.load(Ordering::Relaxed)
-    }
-
-    async fn now_ms(&self) -> Result<i64> {
-        self.counted(1);
-        Ok(sqlx::query_scalar(concat!("SELECT ", now_ms!()))
-            .fetch_one(&self.pool)
-            .await?)
-    }
-
-    async fn schema_version(&self) -> Result<Option<i64>> {
-        self.counted(1);
-        let has: i64 = sqlx::query_scalar(
-            "SELECT COUNT(*) FROM information_schema.tables \
-             WHERE table_schema = DATABASE() AND table_name = 'gnl_schema'",
-        )
-        .fetch_one(&self.pool)
-        .await?;
-        if has == 0 {
-            return Ok(None);
-        }
-        self.counted(1);
-        // No row yet: a first migration is finishing (MySQL DDL is not transactional), which
-        // is an empty store to the caller (`open` then migrates, and waits for that one).
-        Ok(
-            sqlx::query_scalar("SELECT version FROM gnl_schema WHERE id = 1")
-                .fetch_optional(&self.pool)
-                .await?,
-        )
-    }
-
-    async fn migrate(&self) -> Result<()> {
-        // MySQL DDL commits as it goes: a named lock (per database) keeps two migrators apart.
-        let mut conn = self.pool.acquire().await?;
-        self.counted(1);
-        let got: Option<i64> =
-            sqlx::query_scalar("SELECT GET_LOCK(CONCAT('gnl_migrate:', LEFT(DATABASE(), 48)), 30)")
-                .fetch_one(&mut *conn)
-                .await?;
-        if got != Some(1) {
-            return Err(Error::StoreUnavailable {
-                reason: "another process has been migrating this database's gnl schema for 30 s"
-                    .into(),
-                code: None,
-            });
-        }
-        let r = async {
-            // gnl_schema appears only once migration 1 is complete (DDL is not transactional
-            // here): a concurrent `open` sees an empty store, not a half-built one.
-            self.counted(1);
-            let has: i64 = sqlx::query_scalar(
-                "SELECT COUNT(*) FROM information_schema.tables \
-                 WHERE table_schema = DATABASE() AND table_name = 'gnl_schema'",
-            )
-            .fetch_one(&mut *conn)
-            .await?;
-            let current: i64 = if has == 0 {
-                0
-            } else {
-                self.counted(1);
-                sqlx::query_scalar(
-                    "SELECT CAST(COALESCE(MAX(version), 0) AS SIGNED) FROM gnl_schema",
-                )
-                .fetch_one(&mut *conn)
-                .await?
-            };
-            for m in MIGRATOR
-                .iter()
-                .filter(|m| m.version > current && !m.migration_type.is_down_migration())
-            {
-                self.counted(1);
-                conn.execute(&*m.sql).await?;
-                self.counted(2);
-                conn.execute(
-                    "CREATE TABLE IF NOT EXISTS gnl_schema \
-                     (id INT NOT NULL PRIMARY KEY, version BIGINT NOT NULL) ENGINE=InnoDB",
-                )
-                .await?;
-                sqlx::query(
-                    "INSERT INTO gnl_schema (id, version) VALUES (1, ?) \
-                     ON DUPLICATE KEY UPDATE version = VALUES(version)",
-                )
-                .bind(m.version)
-                .execute(&mut *conn)
-                .await?;
-            }
-            Ok::<(), Error>(())
-        }
-        .await;
-        self.counted(1);
-        let released = sqlx::query("DO RELEASE_LOCK(CONCAT('gnl_migrate:', LEFT(DATABASE(), 48)))")
-            .execute(&mut *conn)
-            .await;
-        if released.is_err() {
-            // The lock ends with the session: drop this connection rather than pool it.
-            let _ = conn.detach().close().await;
-        }
-        r
-    }
-
-    async fn close(&self) {
-        self.pool.close().await;
     }
 }
 
@@ -1190,290 +796,5 @@ impl QueueStore for MysqlStore {
         .await?
         .rows_affected();
         Ok(n > 0)
-    }
-}
-
-#[async_trait]
-impl JournalStore for MysqlStore {
-    async fn step_get(&self, run_id: &str, name: &str) -> Result<Option<String>> {
-        self.counted(1);
-        let row = sqlx::query(&format!(
-            "SELECT result FROM gnl_steps WHERE step_key = {STEP_KEY} AND run_id = ? AND name = ?"
-        ))
-        .bind(run_id.as_bytes())
-        .bind(run_id.as_bytes())
-        .bind(name.as_bytes())
-        .bind(run_id.as_bytes())
-        .bind(name.as_bytes())
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(row.as_ref().map(|r| text(r, 0)))
-    }
-
-    async fn step_put(&self, run_id: &str, name: &str, result: &str) -> Result<String> {
-        self.check_size(
-            "the step's result",
-            result.len() + run_id.len() + name.len(),
-        )?;
-        self.counted(1);
-        // Only the duplicate key is ignored; the first writer's row stays as it is.
-        sqlx::query(&format!(
-            "INSERT INTO gnl_steps (step_key, run_id, name, result, created_at) \
-             VALUES ({STEP_KEY}, ?, ?, ?, {}) ON DUPLICATE KEY UPDATE step_key = step_key",
-            now_ms!()
-        ))
-        .bind(run_id.as_bytes())
-        .bind(run_id.as_bytes())
-        .bind(name.as_bytes())
-        .bind(run_id.as_bytes())
-        .bind(name.as_bytes())
-        .bind(result)
-        .execute(&self.pool)
-        .await?;
-        // READ COMMITTED: this statement sees the row, ours or the first writer's.
-        self.step_get(run_id, name)
-            .await?
-            .ok_or_else(|| Error::Store {
-                message: format!("step {name:?} of run {run_id:?} vanished after it was written"),
-                code: None,
-            })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use sqlx::mysql::MySqlPoolOptions;
-    use sqlx::Executor;
-
-    use super::check_version;
-    use crate::error::Error;
-    use crate::store::open;
-    use crate::store::suite::{self, mysql_url, with_db, with_store, Engine};
-
-    /// A claim never waits for another transaction: not for an enqueue still open in the lane
-    /// it serves, nor for a lane or an expired job row another transaction holds.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_claim_never_waits_on_open_transactions() {
-        with_store(Engine::Mysql, |s, url| async move {
-            // "expired": claimed with a 1 ms lease, then held by an open transaction.
-            s.enqueue(&[suite::job("x", "expired")]).await.unwrap();
-            let got = s.claim(&[], &suite::req(1, 1)).await.unwrap();
-            assert_eq!(got[0].id, "expired");
-            let expired = got[0].seq;
-            let jobs: Vec<_> = (0..3).map(|i| suite::job("o", &format!("{i}"))).collect();
-            s.enqueue(&jobs).await.unwrap();
-            s.enqueue(&[suite::job("busy", "b")]).await.unwrap();
-            let pool = MySqlPoolOptions::new()
-                .max_connections(1)
-                .connect(&url)
-                .await
-                .unwrap();
-            let mut tx = pool.begin().await.unwrap();
-            tx.execute(
-                "INSERT INTO gnl_jobs (org, id, type, payload, run_at, state, created_at, updated_at) \
-                 VALUES ('o', 'open', 't', '{}', 0, 'pending', 0, 0)",
-            )
-            .await
-            .unwrap();
-            tx.execute("SELECT org FROM gnl_lanes WHERE org = 'busy' FOR UPDATE")
-                .await
-                .unwrap();
-            sqlx::query("SELECT seq FROM gnl_jobs WHERE seq = ? FOR UPDATE")
-                .bind(expired)
-                .execute(&mut *tx)
-                .await
-                .unwrap();
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-            let ten = suite::req(10, 60_000);
-            let claim = s.claim(&[], &ten);
-            let got = tokio::time::timeout(std::time::Duration::from_secs(5), claim)
-                .await
-                .expect("the claim waited on another transaction")
-                .unwrap();
-            let mut ids: Vec<&str> = got.iter().map(|j| j.id.as_str()).collect();
-            ids.sort();
-            assert_eq!(ids, vec!["0", "1", "2"]);
-            tx.commit().await.unwrap();
-            pool.close().await;
-            // The job committed meanwhile is claimable now (its lane bound was lowered).
-            let got = s.claim(&[], &suite::req(10, 60_000)).await.unwrap();
-            let ids: Vec<&str> = got.iter().map(|j| j.id.as_str()).collect();
-            assert!(ids.contains(&"b"), "{ids:?}");
-        })
-        .await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn long_unicode_ids_are_unique_keys() {
-        // 1,000 four-byte characters: longer than an InnoDB key, kept unique by its hash.
-        with_store(Engine::Mysql, |s, _url| async move {
-            let a: String = "\u{1F600}".repeat(1_000);
-            let b: String = format!("{}\u{1F601}", "\u{1F600}".repeat(999));
-            s.enqueue(&[suite::job("", &a), suite::job("", &b), suite::job("", &a)])
-                .await
-                .unwrap();
-            assert_eq!(s.max_seq().await.unwrap(), 2);
-            assert_eq!(s.get_job("", &a).await.unwrap().unwrap().id, a);
-            assert_eq!(s.get_job("", &b).await.unwrap().unwrap().id, b);
-        })
-        .await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_payload_over_the_packet_limit_is_refused_before_writing() {
-        with_store(Engine::Mysql, |s, _url| async move {
-            let packet: i64 = {
-                let n = s.now_ms().await.unwrap();
-                assert!(n > 0);
-                let pool = sqlx::MySqlPool::connect(&mysql_url()).await.unwrap();
-                let p: i64 = sqlx::query_scalar("SELECT CAST(@@max_allowed_packet AS SIGNED)")
-                    .fetch_one(&pool)
-                    .await
-                    .unwrap();
-                pool.close().await;
-                p
-            };
-            let mut big = suite::job("", "huge");
-            big.payload = format!("\"{}\"", "x".repeat(packet as usize));
-            let r = s.enqueue(&[suite::job("", "small"), big]).await;
-            assert!(
-                matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("max_allowed_packet")),
-                "{r:?}"
-            );
-            assert_eq!(s.max_seq().await.unwrap(), 0);
-        })
-        .await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn claims_read_indexes_without_filesort() {
-        with_store(Engine::Mysql, |s, url| async move {
-            let jobs: Vec<_> = (0..3_000)
-                .map(|i| suite::job(&format!("o{}", i % 300), &format!("{i}")))
-                .collect();
-            s.enqueue(&jobs).await.unwrap();
-            let pool = sqlx::MySqlPool::connect(&url).await.unwrap();
-            pool.execute("ANALYZE TABLE gnl_jobs, gnl_lanes")
-                .await
-                .unwrap();
-            let explain = |sql: String| {
-                let pool = pool.clone();
-                async move {
-                    let rows = sqlx::query(&format!("EXPLAIN {sql}"))
-                        .fetch_all(&pool)
-                        .await
-                        .unwrap();
-                    rows.iter()
-                        .map(|r| {
-                            (0..sqlx::Row::len(r))
-                                .map(|i| super::opt_text(r, i).unwrap_or_default())
-                                .collect::<Vec<_>>()
-                                .join(" | ")
-                        })
-                        .collect::<Vec<_>>()
-                        .join("\n")
-                }
-            };
-            let pick = super::CLAIM_JOBS_PART
-                .replacen("org = ?", "org = 'o7'", 1)
-                .replacen("LIMIT ?", "LIMIT 5", 1);
-            let plan = explain(pick).await;
-            assert!(
-                plan.contains("gnl_jobs_due") && !plan.contains("filesort"),
-                "{plan}"
-            );
-            let lanes = super::CLAIM_LANES.replacen("LIMIT ?", "LIMIT 5", 1);
-            let plan = explain(lanes).await;
-            assert!(
-                plan.contains("gnl_lanes_turn") && !plan.contains("filesort"),
-                "{plan}"
-            );
-            let plan = explain(super::PRECHECK.to_string()).await;
-            assert!(!plan.contains("ALL"), "{plan}");
-            let plan = explain(super::HAS_DUE.to_string()).await;
-            assert!(plan.contains("optimized away"), "{plan}");
-            pool.close().await;
-        })
-        .await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn concurrent_migrations_agree() {
-        suite::concurrent_migrations_agree(Engine::Mysql).await;
-    }
-
-    #[tokio::test]
-    async fn an_unreachable_server_is_unavailable() {
-        let r = open("mysql://root@127.0.0.1:1/test", 1, true)
-            .await
-            .map(|_| ());
-        assert!(matches!(r, Err(Error::StoreUnavailable { .. })), "{r:?}");
-    }
-
-    #[tokio::test]
-    async fn a_url_without_database_is_refused() {
-        let base = mysql_url();
-        let url = with_db(&base, "");
-        if let Err(e) = MySqlPoolOptions::new()
-            .max_connections(1)
-            .connect(&base)
-            .await
-        {
-            eprintln!("note: MySQL unreachable ({e}); test skipped");
-            assert_ne!(std::env::var("CI").as_deref(), Ok("true"));
-            return;
-        }
-        let r = open(&url, 1, true).await.map(|_| ());
-        assert!(
-            matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("names no database")),
-            "{r:?}"
-        );
-    }
-
-    #[test]
-    fn server_versions() {
-        assert!(check_version("8.0.1").is_ok());
-        assert!(check_version("8.4.2-commercial").is_ok());
-        assert!(check_version("10.6.12-MariaDB-log").is_ok());
-        assert!(check_version("10.11.19-MariaDB-0+deb12u1").is_ok());
-        assert!(check_version("11.4.2-MariaDB").is_ok());
-        let e = check_version("5.7.44-log").unwrap_err().to_string();
-        assert!(e.contains("5.7.44") && e.contains("MySQL 8.0.1"), "{e}");
-        let e = check_version("10.5.22-MariaDB").unwrap_err().to_string();
-        assert!(e.contains("10.5.22") && e.contains("MariaDB 10.6"), "{e}");
-        assert!(matches!(
-            check_version("8.0.0-dmr"),
-            Err(Error::UnsupportedStore(_))
-        ));
-    }
-
-    #[test]
-    fn database_urls() {
-        assert_eq!(
-            with_db("mysql://root@127.0.0.1:3306/test", "x"),
-            "mysql://root@127.0.0.1:3306/x"
-        );
-        assert_eq!(
-            with_db("mysql://root:pw@h/test?ssl-mode=disabled", "x"),
-            "mysql://root:pw@h/x?ssl-mode=disabled"
-        );
-        assert_eq!(with_db("mysql://h", "x"), "mysql://h/x");
-    }
-
-    #[test]
-    fn statements_are_sized_by_bytes_and_placeholders() {
-        let p = super::plan(10, 5, 1_000, |_| 300);
-        assert!(p.iter().all(|r| r.len() <= 2), "{p:?}");
-        assert_eq!(p.iter().map(|r| r.len()).sum::<usize>(), 10);
-        let p = super::plan(100_000, 5, usize::MAX, |_| 10);
-        assert!(p.iter().all(|r| r.len() * 5 <= 65_000));
-        assert_eq!(p.iter().map(|r| r.len()).sum::<usize>(), 100_000);
-        let p = super::plan(3, 1, 10, |_| 1_000);
-        assert_eq!(
-            p.len(),
-            3,
-            "a row over the budget gets a statement of its own"
-        );
-        assert!(super::plan(0, 3, 10, |_| 1).is_empty());
     }
 }
