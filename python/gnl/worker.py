@@ -7,7 +7,6 @@ native (``gnl._native.NativeWorker``); this module runs handlers and keeps the p
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import logging
 import os
@@ -21,6 +20,7 @@ from typing import Any
 
 from . import _native
 from ._time import MAX_DURATION_MS, check_int
+from .durable import run_step
 from .errors import ExecutionRevokedError, GnlError, InvalidArgumentError, StoreUnavailableError
 from .signal import RevocationSignal
 from .storage import Journal, Storage, WorkStore, storage_of
@@ -130,21 +130,7 @@ class JobContext:
             InvalidArgumentError: ``name`` is empty.
             ExecutionRevokedError: the signal had aborted before the step started.
         """
-        if not isinstance(name, str):
-            raise TypeError(f"step name must be a str, not {type(name).__name__}")
-        if not name:
-            raise InvalidArgumentError("step name must be a non-empty string")
-        if not callable(fn):
-            raise TypeError(f"fn must be callable, not {type(fn).__name__}")
-        recorded = await self._native.step_get(self.run_id, name)
-        if recorded is not None:
-            return json.loads(recorded)
-        self.signal.raise_if_aborted()
-        value = fn(*args)
-        if inspect.isawaitable(value):
-            value = await value
-        kept = await self._native.step_put(self.run_id, name, value)
-        return json.loads(kept)
+        return await run_step(self._native, self.run_id, self.signal, name, fn, *args)
 
     def __repr__(self) -> str:
         return f"<gnl.JobContext {self.type} id={self.job_id!r} attempt={self.attempt}>"

@@ -1,5 +1,6 @@
-//! The records that cross the `Store` trait. Instants are epoch ms (UTC) of the store's clock;
-//! an empty `org` is the no-organization lane.
+//! The records that cross the store's traits (`store::QueueStore`, `store::JournalStore`).
+//! Instants are epoch ms (UTC) of the store's clock; an empty `org` is the no-organization
+//! lane.
 
 /// Job states (API.md "Job states").
 pub const PENDING: &str = "pending";

@@ -1,25 +1,46 @@
-//! The `Store` trait: everything the queue asks of a database, one engine per backend.
+//! The store: one trait per subsystem, one engine per backend.
 //!
-//! Engines: `sqlite` (embedded default). The Postgres and MySQL engines implement the same
-//! trait (their own SQL and migrations); one conformance suite (tests/) proves they agree.
+//! * `Store` (here): the engine's base (backend, clock, schema version, migrations, close),
+//!   and `open` / `upgrade`. It requires every subsystem's trait, so `Arc<dyn Store>` is the
+//!   whole store.
+//! * `queue.rs`: `QueueStore` (enqueue, claim, outcomes, renewals, listings) and the calls that
+//!   wrap it; `journal.rs`: `JournalStore` (a run's recorded steps).
+//! * Each engine is a folder, `sqlite/`, `postgres/`, `mysql/`: its `mod.rs` holds the
+//!   connection, migrations, error and SQL helpers and `impl Store`; one file per subsystem
+//!   holds that subsystem's SQL (`queue.rs`, `journal.rs`); `tests.rs` its own tests.
+//! * `suite/`: the engine suite every engine passes, split the same way (`queue.rs`,
+//!   `journal.rs`), on a fresh database of each engine.
+//! * To come, each a trait beside these and a file in every engine and in the suite:
+//!   `triggers.rs` (`TriggerStore`: cron triggers, fire records, fire locks) and `events.rs`
+//!   (`EventStore`: the event log, consumer cursors, deliveries).
+//! * `url.rs`: store URLs. Migrations: `rust/migrations/<engine>/`.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 
 use crate::error::{Error, Result};
-use crate::model::{
-    ClaimRequest, ClaimedJob, JobBatch, JobRow, LeaseRef, ListQuery, NewJob, Outcome, RenewStatus,
-};
 
+pub mod journal;
 pub mod mysql;
 pub mod postgres;
+pub mod queue;
 pub mod sqlite;
+#[cfg(test)]
+pub(crate) mod suite;
 pub mod url;
 
-/// The operations of a work store and journal. All instants are the store's clock (epoch ms).
+pub use journal::JournalStore;
+pub use queue::{
+    append_part, claim, enqueue, enqueue_parts, finish, receive_all, renew, Part, PartReceiver,
+    PartSender, QueueStore,
+};
+
+/// The engine's base: what every subsystem's store shares (its backend, clock, schema and
+/// pool). `Arc<dyn Store>` is the whole store, every subsystem's operations included. All
+/// instants are the store's clock (epoch ms).
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait Store: QueueStore + JournalStore + Send + Sync + 'static {
     /// "sqlite", "postgres" or "mysql".
     fn backend(&self) -> &'static str;
     /// The number of SQL statements sent so far.
@@ -31,142 +52,7 @@ pub trait Store: Send + Sync + 'static {
     /// Apply every migration newer than the store's version (idempotent, safe under races).
     async fn migrate(&self) -> Result<()>;
 
-    /// Insert jobs in one transaction, all or none. Ids already present (or repeated in the
-    /// call) are one job. Fails with `QueueFull` (and writes nothing) when a job's
-    /// `max_depth` would be exceeded by its organization's pending jobs.
-    async fn enqueue_batch(&self, jobs: &JobBatch) -> Result<()>;
-
-    /// Whether `enqueue_parts` starts writing before the last part arrives (else it collects
-    /// the parts and calls `enqueue_batch`: a caller gains nothing by cutting a batch).
-    fn streams_enqueue(&self) -> bool {
-        false
-    }
-
-    /// `enqueue_batch` of a batch of `jobs` jobs that arrives in parts, in order, on `parts`;
-    /// `orgs` holds every organization the parts will hold. The sender ends with `Part::End`;
-    /// a channel closed before it abandons the call, and nothing is written. Returns, besides
-    /// the result, the whole batch as it arrived (all of it, even on failure), for running it
-    /// again.
-    async fn enqueue_parts(
-        &self,
-        jobs: usize,
-        orgs: &[String],
-        parts: &mut PartReceiver,
-    ) -> (Result<()>, JobBatch) {
-        let _ = orgs;
-        let mut all = JobBatch::default();
-        if let Err(e) = receive_all(jobs, parts, &mut all).await {
-            return (Err(e), all);
-        }
-        (self.enqueue_batch(&all).await, all)
-    }
-
-    /// `enqueue_batch` of these jobs, packed.
-    async fn enqueue(&self, jobs: &[NewJob]) -> Result<()> {
-        self.enqueue_batch(&JobBatch::from(jobs)).await
-    }
-
-    /// Write `finished` outcomes, reclaim expired leases, then claim up to `req.limit` due jobs
-    /// taking the lanes that waited longest in turn, in one transaction.
-    async fn claim(&self, finished: &[Outcome], req: &ClaimRequest) -> Result<Vec<ClaimedJob>>;
-    /// Write outcomes; each is conditional on (seq, token, state running).
-    async fn finish(&self, outcomes: &[Outcome]) -> Result<()>;
-    /// Extend leases by `ttl_ms`; one status per lease, in order.
-    async fn renew(&self, leases: &[LeaseRef], ttl_ms: i64) -> Result<Vec<RenewStatus>>;
-
-    /// Whether some lane may have a due job (its next-due bound has passed). A claim that came
-    /// back empty while this is true met lanes that concurrent claims held.
-    async fn has_due(&self) -> Result<bool>;
-
-    async fn get_job(&self, org: &str, id: &str) -> Result<Option<JobRow>>;
-    /// At least the highest committed job seq (0 when none was ever written): a listing's
-    /// snapshot (jobs enqueued after it are not listed).
-    async fn max_seq(&self) -> Result<i64>;
-    async fn list_jobs(&self, q: &ListQuery) -> Result<Vec<JobRow>>;
-    /// dead -> pending with attempts 0; false (and no change) otherwise.
-    async fn retry_job(&self, org: &str, id: &str) -> Result<bool>;
-    /// pending -> canceled; running -> cancel requested; false for finished or unknown jobs.
-    async fn cancel_job(&self, org: &str, id: &str, reason: Option<&str>) -> Result<bool>;
-
-    /// The recorded result (JSON text) of step `name` of run `run_id`.
-    async fn step_get(&self, run_id: &str, name: &str) -> Result<Option<String>>;
-    /// Record a step result unless one exists; returns the kept (first written) result.
-    async fn step_put(&self, run_id: &str, name: &str, result: &str) -> Result<String>;
-
     async fn close(&self);
-}
-
-/// `Store::enqueue_batch`, run again when the server aborted it to break a deadlock (see
-/// `again_on_deadlock`): two calls that insert overlapping ids in different orders can
-/// deadlock, and the rows (ids included) are fixed before the call, so running it again is
-/// idempotent.
-pub async fn enqueue(store: &dyn Store, jobs: &JobBatch) -> Result<()> {
-    again_on_deadlock(|| store.enqueue_batch(jobs)).await
-}
-
-/// One message of `Store::enqueue_parts`.
-#[derive(Debug)]
-pub enum Part {
-    /// The next jobs of the batch.
-    Jobs(Box<JobBatch>),
-    /// The batch is complete.
-    End,
-}
-
-pub type PartSender = tokio::sync::mpsc::UnboundedSender<Part>;
-pub type PartReceiver = tokio::sync::mpsc::UnboundedReceiver<Part>;
-
-/// Append every part still to come to `all`, up to `Part::End`; `Abandoned` when the channel
-/// closes before it. `jobs`: the whole batch's size.
-pub async fn receive_all(jobs: usize, parts: &mut PartReceiver, all: &mut JobBatch) -> Result<()> {
-    loop {
-        match parts.recv().await {
-            Some(Part::Jobs(b)) => append_part(jobs, all, &b),
-            Some(Part::End) => return Ok(()),
-            None => return Err(Error::Abandoned),
-        }
-    }
-}
-
-/// Append a part of a batch of `jobs` jobs to `all`, making room for the whole batch when
-/// the first part comes (growing it part by part would copy it over and over).
-pub fn append_part(jobs: usize, all: &mut JobBatch, part: &JobBatch) {
-    if all.is_empty() && !part.is_empty() {
-        all.reserve(jobs, part.text_bytes().div_ceil(part.len()) + 8);
-    }
-    all.append(part);
-}
-
-/// `Store::enqueue_parts`, run again as one batch when the server aborted it to break a
-/// deadlock (see `enqueue`).
-pub async fn enqueue_parts(
-    store: &dyn Store,
-    jobs: usize,
-    orgs: &[String],
-    parts: &mut PartReceiver,
-) -> Result<()> {
-    match store.enqueue_parts(jobs, orgs, parts).await {
-        (Err(e), all) if e.is_deadlock() => enqueue(store, &all).await,
-        (r, _) => r,
-    }
-}
-
-/// `Store::claim`, run again when the server aborted it to break a deadlock (see
-/// `again_on_deadlock`; on MySQL a claim's lane locks can meet an enqueue's lane upsert). The
-/// aborted transaction wrote nothing, and every outcome is conditional on its fencing token,
-/// so running it again is safe.
-pub async fn claim(
-    store: &dyn Store,
-    finished: &[Outcome],
-    req: &ClaimRequest,
-) -> Result<Vec<ClaimedJob>> {
-    again_on_deadlock(|| store.claim(finished, req)).await
-}
-
-/// `Store::finish`, run again when the server aborted it to break a deadlock (see
-/// `again_on_deadlock`); every outcome is conditional on its fencing token.
-pub async fn finish(store: &dyn Store, outcomes: &[Outcome]) -> Result<()> {
-    again_on_deadlock(|| store.finish(outcomes)).await
 }
 
 /// The error of a pool that could not open its first connection. sqlx's pool retries a
@@ -193,21 +79,10 @@ where
     }
 }
 
-/// `Store::renew`, run again when the server aborted it to break a deadlock (see
-/// `again_on_deadlock`; a renewal and an outcome can lock two of a worker's jobs in opposite
-/// orders). A renewal only extends leases still held, so running it again is idempotent.
-pub async fn renew(
-    store: &dyn Store,
-    leases: &[LeaseRef],
-    ttl_ms: i64,
-) -> Result<Vec<RenewStatus>> {
-    again_on_deadlock(|| store.renew(leases, ttl_ms)).await
-}
-
 /// Run `f` again (up to 3 times, after 5-25 ms) while the server aborts its transaction to
 /// break a deadlock (`Error::is_deadlock`): a deadlock is two transactions meeting, not the
 /// store going away, so it is not reported while running again can end it.
-async fn again_on_deadlock<T, F, Fut>(f: F) -> Result<T>
+pub(crate) async fn again_on_deadlock<T, F, Fut>(f: F) -> Result<T>
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<T>>,

@@ -1,0 +1,218 @@
+//! The Postgres engine. Every instant is the server's clock (`statement_timestamp()`), so many
+//! worker processes on many machines agree on due times and leases.
+//!
+//! Claims take lanes and jobs with `FOR UPDATE SKIP LOCKED`: concurrent claimers never take the
+//! same job and never wait for each other. Batches travel as arrays (`unnest`), so a write is
+//! one statement whatever its size (the protocol's 65,535 bind parameters never bind).
+//!
+//! Lock order, to keep transactions from deadlocking each other: job rows first, then lane rows
+//! (several lanes in one statement, sorted by org). Claimers lock lanes and jobs with SKIP
+//! LOCKED only, so they never wait on a row after they hold a lane.
+//!
+//! Here: the connection (pool, server version), the migrations, the store's clock in SQL
+//! (`now_ms!`), the text helper the subsystems share, and the base `Store`; the queue's SQL is
+//! in `queue.rs`, the journal's in `journal.rs`.
+
+use std::borrow::Cow;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{Executor, Postgres, Transaction};
+
+use super::Store;
+use crate::error::{Error, Result};
+
+/// The Postgres migrations, embedded. Applied by `migrate`, recorded in `gnl_schema`.
+pub static MIGRATOR: Migrator = sqlx::migrate!("rust/migrations/postgres");
+
+/// The store's clock in SQL: epoch ms of the statement's start, on the server.
+macro_rules! now_ms {
+    () => {
+        "(floor(extract(epoch from statement_timestamp()) * 1000)::bigint)"
+    };
+}
+
+mod journal;
+mod queue;
+#[cfg(test)]
+mod tests;
+
+/// The oldest server this engine runs on (`server_version_num`).
+const MIN_SERVER_VERSION: i64 = 120_000;
+
+/// How long a call waits for a pooled connection (sqlx retries a refused connection inside
+/// this) before the store counts as unavailable: an outage is reported, and logged by the
+/// loops that carry on through it, within this time.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Postgres `text` cannot hold NUL: free text (errors, reasons, owners) gets U+FFFD instead.
+fn pg_text(s: &str) -> Cow<'_, str> {
+    if s.contains('\0') {
+        Cow::Owned(s.replace('\0', "\u{FFFD}"))
+    } else {
+        Cow::Borrowed(s)
+    }
+}
+
+type Tx = Transaction<'static, Postgres>;
+
+pub struct PostgresStore {
+    pool: PgPool,
+    queries: AtomicU64,
+    /// When a call of this store last looked for expired leases (ms since `started`; 0:
+    /// never).
+    last_reclaim: AtomicU64,
+    started: std::time::Instant,
+}
+
+impl PostgresStore {
+    pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
+        let opts = PgConnectOptions::from_str(url)
+            .map_err(|e| Error::invalid(format!("bad Postgres URL: {e}")))?
+            .statement_cache_capacity(256);
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections.max(1))
+            .min_connections(0)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            // A connection used within the last second is alive (sqlx pings it on release);
+            // only one that idled longer is pinged before use, which spares a round trip
+            // per call on a busy pool and still drops connections a server restart broke.
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for > Duration::from_secs(1) {
+                        sqlx::Connection::ping(conn).await?;
+                    }
+                    Ok(true)
+                })
+            })
+            .idle_timeout(Some(Duration::from_secs(300)))
+            .max_lifetime(Some(Duration::from_secs(1800)))
+            .connect_with(opts.clone())
+            .await;
+        let pool = match pool {
+            Ok(p) => p,
+            Err(e) => return Err(super::pool_error(&opts, e).await),
+        };
+        let store = PostgresStore {
+            pool,
+            queries: AtomicU64::new(0),
+            last_reclaim: AtomicU64::new(0),
+            started: std::time::Instant::now(),
+        };
+        store.counted(1);
+        let (num, text): (String, String) = sqlx::query_as(
+            "SELECT current_setting('server_version_num'), current_setting('server_version')",
+        )
+        .fetch_one(&store.pool)
+        .await?;
+        let num: i64 = num.trim().parse().unwrap_or(0);
+        if num < MIN_SERVER_VERSION {
+            store.pool.close().await;
+            return Err(Error::UnsupportedStore(format!(
+                "this Postgres server is version {text}; gnl needs PostgreSQL 12 or newer"
+            )));
+        }
+        Ok(store)
+    }
+
+    fn counted(&self, n: u64) {
+        self.queries.fetch_add(n, Ordering::Relaxed);
+    }
+
+    async fn begin(&self) -> Result<Tx> {
+        self.counted(1);
+        Ok(self.pool.begin().await?)
+    }
+
+    async fn commit(&self, tx: Tx) -> Result<()> {
+        self.counted(1);
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn rollback(&self, tx: Tx) -> Result<()> {
+        self.counted(1);
+        tx.rollback().await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    fn backend(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn query_count(&self) -> u64 {
+        self.queries.load(Ordering::Relaxed)
+    }
+
+    async fn now_ms(&self) -> Result<i64> {
+        self.counted(1);
+        Ok(sqlx::query_scalar(concat!("SELECT ", now_ms!()))
+            .fetch_one(&self.pool)
+            .await?)
+    }
+
+    async fn schema_version(&self) -> Result<Option<i64>> {
+        self.counted(1);
+        let has: bool = sqlx::query_scalar("SELECT to_regclass('gnl_schema') IS NOT NULL")
+            .fetch_one(&self.pool)
+            .await?;
+        if !has {
+            return Ok(None);
+        }
+        self.counted(1);
+        let v: Option<i64> = sqlx::query_scalar("SELECT version FROM gnl_schema WHERE id = 1")
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(Some(v.unwrap_or(0)))
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        let mut tx = self.begin().await?;
+        // One migrator at a time per schema; the lock ends with the transaction. DDL is
+        // transactional here: a failed migration leaves nothing behind.
+        self.counted(1);
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext('gnl_migrate:' || current_schema()))")
+            .execute(&mut *tx)
+            .await?;
+        self.counted(1);
+        tx.execute(
+            "CREATE TABLE IF NOT EXISTS gnl_schema (id integer PRIMARY KEY CHECK (id = 1), version bigint NOT NULL)",
+        )
+        .await?;
+        self.counted(1);
+        let current: i64 = sqlx::query_scalar("SELECT coalesce(max(version), 0) FROM gnl_schema")
+            .fetch_one(&mut *tx)
+            .await?;
+        for m in MIGRATOR
+            .iter()
+            .filter(|m| m.version > current && !m.migration_type.is_down_migration())
+        {
+            self.counted(1);
+            (&mut *tx).execute(&*m.sql).await?;
+        }
+        let latest = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
+        if latest > current {
+            self.counted(1);
+            sqlx::query(
+                "INSERT INTO gnl_schema (id, version) VALUES (1, $1) \
+                 ON CONFLICT (id) DO UPDATE SET version = excluded.version",
+            )
+            .bind(latest)
+            .execute(&mut *tx)
+            .await?;
+        }
+        self.commit(tx).await
+    }
+
+    async fn close(&self) {
+        self.pool.close().await;
+    }
+}

@@ -1,0 +1,210 @@
+//! Postgres's own engine tests: the empty poll's plan, lease records, HOT claims, claims that
+//! never wait, migrations, an empty schema, an unreachable server (the engine suite is in
+//! `store::suite`).
+
+use sqlx::postgres::PgPoolOptions;
+use sqlx::Executor;
+
+use crate::error::Error;
+use crate::store::open;
+use crate::store::suite::{self, with_store, Engine, Fresh};
+
+/// A connection of its own to the store at `url` (for reads and locks beside the store's).
+async fn side_pool(url: &str) -> sqlx::PgPool {
+    PgPoolOptions::new()
+        .max_connections(1)
+        .connect(url)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_poll_is_one_claim_statement_plan() {
+    // The empty poll's two reads are index seeks (no scan of the lanes or the jobs).
+    with_store(Engine::Postgres, |s, url| async move {
+        let jobs: Vec<_> = (0..2_000)
+            .map(|i| suite::job(&format!("o{i}"), "x"))
+            .collect();
+        s.enqueue(&jobs).await.unwrap();
+        let pool = side_pool(&url).await;
+        pool.execute("ANALYZE gnl_lanes; ANALYZE gnl_jobs")
+            .await
+            .unwrap();
+        let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {}", super::queue::PRECHECK))
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        let plan = plan.join("\n");
+        assert!(!plan.contains("Seq Scan"), "{plan}");
+        pool.close().await;
+    })
+    .await;
+}
+
+/// A claim writes one lease record for its jobs; outcomes count them off and the last one
+/// deletes it; a reclaim deletes an expired record once none of its jobs runs under it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_records_live_as_long_as_their_running_jobs() {
+    with_store(Engine::Postgres, |s, url| async move {
+        let pool = side_pool(&url).await;
+        let records = |pool: sqlx::PgPool| async move {
+            let r: Vec<(i64, i64)> = sqlx::query_as(
+                "SELECT remaining, cardinality(seqs)::bigint FROM gnl_leases ORDER BY id",
+            )
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+            r
+        };
+        let jobs: Vec<_> = (0..5).map(|i| suite::job("o", &format!("{i}"))).collect();
+        s.enqueue(&jobs).await.unwrap();
+        let got = s.claim(&[], &suite::req(5, 60_000)).await.unwrap();
+        assert_eq!(records(pool.clone()).await, vec![(5, 5)]);
+        let done = |j| suite::done(j, "null");
+        s.finish(&[done(&got[0]), done(&got[1])]).await.unwrap();
+        assert_eq!(records(pool.clone()).await, vec![(3, 5)]);
+        // A stale outcome (a wrong token) counts nothing.
+        let mut stale = got[2].clone();
+        stale.token += 7;
+        s.finish(&[done(&stale)]).await.unwrap();
+        assert_eq!(records(pool.clone()).await, vec![(3, 5)]);
+        let failed = suite::failed(&got[2], "e", 60_000);
+        s.claim(&[failed, done(&got[3])], &suite::req(0, 60_000))
+            .await
+            .unwrap();
+        assert_eq!(records(pool.clone()).await, vec![(1, 5)]);
+        s.finish(&[done(&got[4])]).await.unwrap();
+        assert_eq!(records(pool.clone()).await, vec![]);
+        // Abandoned: taken back after the lease, the record with it.
+        s.enqueue(&[suite::job("p", "x"), suite::job("p", "y")])
+            .await
+            .unwrap();
+        let got = s.claim(&[], &suite::req(2, 10)).await.unwrap();
+        assert_eq!(got.len(), 2);
+        s.finish(&[done(&got[0])]).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+        let again = s.claim(&[], &suite::req(5, 60_000)).await.unwrap();
+        assert_eq!(again.len(), 1);
+        assert_eq!(
+            (again[0].id.as_str(), again[0].attempt),
+            (got[1].id.as_str(), 2)
+        );
+        assert_eq!(records(pool.clone()).await, vec![(1, 1)]);
+        pool.close().await;
+    })
+    .await;
+}
+
+/// Claims add no index entries (they are HOT updates): a drain's claims leave the size of
+/// every index of gnl_jobs as the enqueue left it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_write_no_index_entries() {
+    with_store(Engine::Postgres, |s, url| async move {
+        let jobs: Vec<_> = (0..3_000)
+            .map(|i| suite::job(["a", "b", "c"][i % 3], &format!("job:{i}")))
+            .collect();
+        s.enqueue(&jobs).await.unwrap();
+        let pool = side_pool(&url).await;
+        let sizes = |pool: sqlx::PgPool| async move {
+            let r: Vec<(String, i64)> = sqlx::query_as(
+                "SELECT indexrelid::regclass::text, pg_relation_size(indexrelid) FROM pg_index \
+                 WHERE indrelid = 'gnl_jobs'::regclass ORDER BY 1",
+            )
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+            r
+        };
+        let before = sizes(pool.clone()).await;
+        assert_eq!(before.len(), 3, "{before:?}");
+        let mut claimed = 0;
+        loop {
+            let got = s.claim(&[], &suite::req(100, 60_000)).await.unwrap();
+            if got.is_empty() {
+                break;
+            }
+            claimed += got.len();
+        }
+        assert_eq!(claimed, 3_000);
+        assert_eq!(sizes(pool.clone()).await, before);
+        pool.close().await;
+    })
+    .await;
+}
+
+/// A claim never waits for another transaction: not for an enqueue still open in the lane
+/// it serves, nor for a lane or an expired job row another transaction holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_never_waits_on_open_transactions() {
+    with_store(Engine::Postgres, |s, url| async move {
+        s.enqueue(&[suite::job("x", "expired")]).await.unwrap();
+        let got = s.claim(&[], &suite::req(1, 1)).await.unwrap();
+        assert_eq!(got[0].id, "expired");
+        let expired = got[0].seq;
+        let jobs: Vec<_> = (0..3).map(|i| suite::job("o", &format!("{i}"))).collect();
+        s.enqueue(&jobs).await.unwrap();
+        s.enqueue(&[suite::job("busy", "b")]).await.unwrap();
+        let pool = side_pool(&url).await;
+        let mut tx = pool.begin().await.unwrap();
+        tx.execute(
+            "INSERT INTO gnl_jobs (org, id, type, payload, run_at, state, created_at, updated_at) \
+             VALUES ('o', 'open', 't', '{}', 0, 'pending', 0, 0)",
+        )
+        .await
+        .unwrap();
+        tx.execute("SELECT org FROM gnl_lanes WHERE org = 'busy' FOR UPDATE")
+            .await
+            .unwrap();
+        sqlx::query("SELECT seq FROM gnl_jobs WHERE seq = $1 FOR UPDATE")
+            .bind(expired)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        let ten = suite::req(10, 60_000);
+        let got = tokio::time::timeout(std::time::Duration::from_secs(5), s.claim(&[], &ten))
+            .await
+            .expect("the claim waited on another transaction")
+            .unwrap();
+        let mut ids: Vec<&str> = got.iter().map(|j| j.id.as_str()).collect();
+        ids.sort();
+        assert_eq!(ids, vec!["0", "1", "2"]);
+        tx.commit().await.unwrap();
+        pool.close().await;
+        let got = s.claim(&[], &suite::req(10, 60_000)).await.unwrap();
+        let ids: Vec<&str> = got.iter().map(|j| j.id.as_str()).collect();
+        assert!(ids.contains(&"b"), "{ids:?}");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_migrations_agree() {
+    suite::concurrent_migrations_agree(Engine::Postgres).await;
+}
+
+#[tokio::test]
+async fn an_empty_schema_is_refused_without_create() {
+    let Some(db) = Fresh::new(Engine::Postgres).await else {
+        return;
+    };
+    let r = open(&db.url, 1, false).await.map(|_| ());
+    db.drop().await;
+    assert!(
+        matches!(r, Err(Error::SchemaOutdated { found: 0, .. })),
+        "{r:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_unavailable() {
+    let r = open("postgres://postgres@127.0.0.1:1/test", 1, true)
+        .await
+        .map(|_| ());
+    match r {
+        Err(Error::StoreUnavailable { reason, .. }) => {
+            assert!(reason.to_lowercase().contains("refused"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+}

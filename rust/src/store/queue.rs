@@ -1,0 +1,188 @@
+//! The queue's store operations (`QueueStore`): enqueue, claim, outcomes, lease renewal,
+//! listings, retry and cancel; and the calls that wrap them (a deadlock run again, a batch
+//! that arrives in parts). Each engine implements it in its `queue.rs`.
+
+use async_trait::async_trait;
+
+use super::again_on_deadlock;
+use crate::error::{Error, Result};
+use crate::model::{
+    ClaimRequest, ClaimedJob, JobBatch, JobRow, LeaseRef, ListQuery, NewJob, Outcome, RenewStatus,
+};
+
+/// What the queue asks of a database. All instants are the store's clock (epoch ms).
+#[async_trait]
+pub trait QueueStore: Send + Sync {
+    /// Insert jobs in one transaction, all or none. Ids already present (or repeated in the
+    /// call) are one job. Fails with `QueueFull` (and writes nothing) when a job's
+    /// `max_depth` would be exceeded by its organization's pending jobs.
+    async fn enqueue_batch(&self, jobs: &JobBatch) -> Result<()>;
+
+    /// Whether `enqueue_parts` starts writing before the last part arrives (else it collects
+    /// the parts and calls `enqueue_batch`: a caller gains nothing by cutting a batch).
+    fn streams_enqueue(&self) -> bool {
+        false
+    }
+
+    /// `enqueue_batch` of a batch of `jobs` jobs that arrives in parts, in order, on `parts`;
+    /// `orgs` holds every organization the parts will hold. The sender ends with `Part::End`;
+    /// a channel closed before it abandons the call, and nothing is written. Returns, besides
+    /// the result, the whole batch as it arrived (all of it, even on failure), for running it
+    /// again.
+    async fn enqueue_parts(
+        &self,
+        jobs: usize,
+        orgs: &[String],
+        parts: &mut PartReceiver,
+    ) -> (Result<()>, JobBatch) {
+        let _ = orgs;
+        let mut all = JobBatch::default();
+        if let Err(e) = receive_all(jobs, parts, &mut all).await {
+            return (Err(e), all);
+        }
+        (self.enqueue_batch(&all).await, all)
+    }
+
+    /// `enqueue_batch` of these jobs, packed.
+    async fn enqueue(&self, jobs: &[NewJob]) -> Result<()> {
+        self.enqueue_batch(&JobBatch::from(jobs)).await
+    }
+
+    /// Write `finished` outcomes, reclaim expired leases, then claim up to `req.limit` due jobs
+    /// taking the lanes that waited longest in turn, in one transaction.
+    async fn claim(&self, finished: &[Outcome], req: &ClaimRequest) -> Result<Vec<ClaimedJob>>;
+    /// Write outcomes; each is conditional on (seq, token, state running).
+    async fn finish(&self, outcomes: &[Outcome]) -> Result<()>;
+    /// Extend leases by `ttl_ms`; one status per lease, in order.
+    async fn renew(&self, leases: &[LeaseRef], ttl_ms: i64) -> Result<Vec<RenewStatus>>;
+
+    /// Whether some lane may have a due job (its next-due bound has passed). A claim that came
+    /// back empty while this is true met lanes that concurrent claims held.
+    async fn has_due(&self) -> Result<bool>;
+
+    async fn get_job(&self, org: &str, id: &str) -> Result<Option<JobRow>>;
+    /// At least the highest committed job seq (0 when none was ever written): a listing's
+    /// snapshot (jobs enqueued after it are not listed).
+    async fn max_seq(&self) -> Result<i64>;
+    async fn list_jobs(&self, q: &ListQuery) -> Result<Vec<JobRow>>;
+    /// dead -> pending with attempts 0; false (and no change) otherwise.
+    async fn retry_job(&self, org: &str, id: &str) -> Result<bool>;
+    /// pending -> canceled; running -> cancel requested; false for finished or unknown jobs.
+    async fn cancel_job(&self, org: &str, id: &str, reason: Option<&str>) -> Result<bool>;
+}
+
+/// `QueueStore::enqueue_batch`, run again when the server aborted it to break a deadlock (see
+/// `again_on_deadlock`): two calls that insert overlapping ids in different orders can
+/// deadlock, and the rows (ids included) are fixed before the call, so running it again is
+/// idempotent.
+pub async fn enqueue(store: &(impl QueueStore + ?Sized), jobs: &JobBatch) -> Result<()> {
+    again_on_deadlock(|| store.enqueue_batch(jobs)).await
+}
+
+/// One message of `QueueStore::enqueue_parts`.
+#[derive(Debug)]
+pub enum Part {
+    /// The next jobs of the batch.
+    Jobs(Box<JobBatch>),
+    /// The batch is complete.
+    End,
+}
+
+pub type PartSender = tokio::sync::mpsc::UnboundedSender<Part>;
+pub type PartReceiver = tokio::sync::mpsc::UnboundedReceiver<Part>;
+
+/// Append every part still to come to `all`, up to `Part::End`; `Abandoned` when the channel
+/// closes before it. `jobs`: the whole batch's size.
+pub async fn receive_all(jobs: usize, parts: &mut PartReceiver, all: &mut JobBatch) -> Result<()> {
+    loop {
+        match parts.recv().await {
+            Some(Part::Jobs(b)) => append_part(jobs, all, &b),
+            Some(Part::End) => return Ok(()),
+            None => return Err(Error::Abandoned),
+        }
+    }
+}
+
+/// Append a part of a batch of `jobs` jobs to `all`, making room for the whole batch when
+/// the first part comes (growing it part by part would copy it over and over).
+pub fn append_part(jobs: usize, all: &mut JobBatch, part: &JobBatch) {
+    if all.is_empty() && !part.is_empty() {
+        all.reserve(jobs, part.text_bytes().div_ceil(part.len()) + 8);
+    }
+    all.append(part);
+}
+
+/// `QueueStore::enqueue_parts`, run again as one batch when the server aborted it to break a
+/// deadlock (see `enqueue`).
+pub async fn enqueue_parts(
+    store: &(impl QueueStore + ?Sized),
+    jobs: usize,
+    orgs: &[String],
+    parts: &mut PartReceiver,
+) -> Result<()> {
+    match store.enqueue_parts(jobs, orgs, parts).await {
+        (Err(e), all) if e.is_deadlock() => enqueue(store, &all).await,
+        (r, _) => r,
+    }
+}
+
+/// `QueueStore::claim`, run again when the server aborted it to break a deadlock (see
+/// `again_on_deadlock`; on MySQL a claim's lane locks can meet an enqueue's lane upsert). The
+/// aborted transaction wrote nothing, and every outcome is conditional on its fencing token,
+/// so running it again is safe.
+pub async fn claim(
+    store: &(impl QueueStore + ?Sized),
+    finished: &[Outcome],
+    req: &ClaimRequest,
+) -> Result<Vec<ClaimedJob>> {
+    again_on_deadlock(|| store.claim(finished, req)).await
+}
+
+/// `QueueStore::finish`, run again when the server aborted it to break a deadlock (see
+/// `again_on_deadlock`); every outcome is conditional on its fencing token.
+pub async fn finish(store: &(impl QueueStore + ?Sized), outcomes: &[Outcome]) -> Result<()> {
+    again_on_deadlock(|| store.finish(outcomes)).await
+}
+
+/// `QueueStore::renew`, run again when the server aborted it to break a deadlock (see
+/// `again_on_deadlock`; a renewal and an outcome can lock two of a worker's jobs in opposite
+/// orders). A renewal only extends leases still held, so running it again is idempotent.
+pub async fn renew(
+    store: &(impl QueueStore + ?Sized),
+    leases: &[LeaseRef],
+    ttl_ms: i64,
+) -> Result<Vec<RenewStatus>> {
+    again_on_deadlock(|| store.renew(leases, ttl_ms)).await
+}
+
+/// The columns of a `JobRow`, in `job_row`'s order (every engine selects these).
+pub(crate) const JOB_COLS: &str =
+    "seq, org, id, type, payload, state, attempts, max_attempts, last_error, result, \
+     created_at, updated_at, run_at, finished_at";
+
+/// A `JobRow` from a row of `JOB_COLS`, on an engine whose text columns decode as `String`
+/// (SQLite, Postgres; MySQL reads its binary text columns as bytes).
+pub(crate) fn job_row<'r, R>(r: &'r R) -> JobRow
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    JobRow {
+        seq: r.get(0),
+        org: r.get(1),
+        id: r.get(2),
+        typ: r.get(3),
+        payload: r.get(4),
+        state: r.get(5),
+        attempts: r.get(6),
+        max_attempts: r.get(7),
+        last_error: r.get(8),
+        result: r.get(9),
+        created_at: r.get(10),
+        updated_at: r.get(11),
+        run_at: r.get(12),
+        finished_at: r.get(13),
+    }
+}

@@ -1,0 +1,238 @@
+//! The SQLite engine (embedded default): WAL, one writer at a time (`BEGIN IMMEDIATE`, and a
+//! per-process write lock so this process's writers queue in tokio instead of in SQLite's
+//! sleeping busy handler), the process clock of the machine that holds the file.
+//!
+//! Here: the connection (pragmas, busy handler, pool), the migrations and the base `Store`;
+//! the queue's SQL is in `queue.rs`, the journal's in `journal.rs`.
+
+use std::str::FromStr;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use sqlx::migrate::Migrator;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use sqlx::{Executor, Sqlite, Transaction};
+
+use super::url::SqliteTarget;
+use super::Store;
+use crate::error::{Error, Result};
+
+mod journal;
+mod queue;
+#[cfg(test)]
+mod tests;
+
+/// The SQLite migrations, embedded. Applied by `migrate`, recorded in `gnl_schema`.
+pub static MIGRATOR: Migrator = sqlx::migrate!("rust/migrations/sqlite");
+
+/// How long a statement waits for another process's write lock before the store counts as
+/// unavailable (and the caller retries with backoff).
+const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub struct SqliteStore {
+    pool: SqlitePool,
+    write: tokio::sync::Mutex<()>,
+    queries: AtomicU64,
+    /// When expired leases were last looked for (process clock, ms).
+    last_reclaim: AtomicI64,
+    /// Bind parameters per statement (`sqlite3_limit(SQLITE_LIMIT_VARIABLE_NUMBER)`).
+    var_limit: usize,
+}
+
+/// SQLite's own busy handler sleeps up to 100 ms between tries, so a process waiting for
+/// another process's write lock loses its turn again and again (and its lease renewals stall).
+/// This one retries every ~0.5 ms, for up to `BUSY_TIMEOUT`.
+extern "C" fn busy_handler(_arg: *mut std::ffi::c_void, tries: std::ffi::c_int) -> std::ffi::c_int {
+    let waited_us = i64::from(tries) * 500;
+    if waited_us >= BUSY_TIMEOUT.as_micros() as i64 {
+        return 0;
+    }
+    std::thread::sleep(Duration::from_micros(250 + (tries as u64 % 4) * 125));
+    1
+}
+
+fn clock_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+type Tx<'a> = Transaction<'a, Sqlite>;
+
+impl SqliteStore {
+    pub async fn connect(target: SqliteTarget, max_connections: u32, create: bool) -> Result<Self> {
+        let (opts, max) = match &target {
+            SqliteTarget::Memory => {
+                // One connection holds the in-memory database for the life of the pool.
+                let name = format!(
+                    "file:gnl-mem-{}?mode=memory&cache=shared",
+                    crate::ids::new_job_id()
+                );
+                let o = SqliteConnectOptions::from_str(&format!("sqlite:{name}"))
+                    .map_err(|e| Error::invalid(e.to_string()))?;
+                (o, 1)
+            }
+            SqliteTarget::File(path) => {
+                if !create && !std::path::Path::new(path).exists() {
+                    return Err(Error::StoreUnavailable {
+                        reason: format!("there is no SQLite file at {path:?} (create=False does not create one)"),
+                        code: None,
+                    });
+                }
+                let o = SqliteConnectOptions::new()
+                    .filename(path)
+                    .create_if_missing(true)
+                    .journal_mode(SqliteJournalMode::Wal)
+                    .synchronous(SqliteSynchronous::Normal);
+                (o, max_connections.max(2))
+            }
+        };
+        let opts = opts
+            .busy_timeout(BUSY_TIMEOUT)
+            .pragma("foreign_keys", "OFF")
+            .statement_cache_capacity(256);
+        let memory = matches!(target, SqliteTarget::Memory);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(max)
+            .min_connections(if memory { 1 } else { 0 })
+            .idle_timeout(if memory {
+                None
+            } else {
+                Some(Duration::from_secs(300))
+            })
+            .max_lifetime(if memory {
+                None
+            } else {
+                Some(Duration::from_secs(3600))
+            })
+            .acquire_timeout(BUSY_TIMEOUT)
+            // A pooled connection to a local file needs no ping before each use.
+            .test_before_acquire(false)
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    // Check the pragmas on every new connection: a file store must be in WAL.
+                    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+                        .fetch_one(&mut *conn)
+                        .await?;
+                    if !memory && !mode.eq_ignore_ascii_case("wal") {
+                        return Err(sqlx::Error::Configuration(
+                            format!("SQLite journal_mode is {mode}, gnl needs wal").into(),
+                        ));
+                    }
+                    let mut handle = conn.lock_handle().await?;
+                    // SAFETY: a valid open connection, locked for the call; the handler is a
+                    // plain function that touches no connection state.
+                    unsafe {
+                        libsqlite3_sys::sqlite3_busy_handler(
+                            handle.as_raw_handle().as_ptr(),
+                            Some(busy_handler),
+                            std::ptr::null_mut(),
+                        );
+                    }
+                    Ok(())
+                })
+            })
+            .connect_with(opts)
+            .await?;
+        let var_limit = {
+            let mut conn = pool.acquire().await?;
+            let mut handle = conn.lock_handle().await?;
+            let raw = handle.as_raw_handle().as_ptr();
+            // SAFETY: a valid open connection handle, held locked for the call; -1 only reads.
+            let n = unsafe {
+                libsqlite3_sys::sqlite3_limit(raw, libsqlite3_sys::SQLITE_LIMIT_VARIABLE_NUMBER, -1)
+            };
+            n.max(999) as usize
+        };
+        Ok(SqliteStore {
+            pool,
+            write: tokio::sync::Mutex::new(()),
+            queries: AtomicU64::new(0),
+            last_reclaim: AtomicI64::new(0),
+            var_limit,
+        })
+    }
+
+    fn counted(&self, n: u64) {
+        self.queries.fetch_add(n, Ordering::Relaxed);
+    }
+
+    async fn begin_write(&self) -> Result<Tx<'static>> {
+        self.counted(1);
+        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+    }
+
+    async fn commit(&self, tx: Tx<'static>) -> Result<()> {
+        self.counted(1);
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    fn backend(&self) -> &'static str {
+        "sqlite"
+    }
+
+    fn query_count(&self) -> u64 {
+        self.queries.load(Ordering::Relaxed)
+    }
+
+    async fn now_ms(&self) -> Result<i64> {
+        Ok(clock_ms())
+    }
+
+    async fn schema_version(&self) -> Result<Option<i64>> {
+        self.counted(1);
+        let has: Option<String> = sqlx::query_scalar(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'gnl_schema'",
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        if has.is_none() {
+            return Ok(None);
+        }
+        self.counted(1);
+        let v: Option<i64> = sqlx::query_scalar("SELECT version FROM gnl_schema WHERE id = 1")
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(Some(v.unwrap_or(0)))
+    }
+
+    async fn migrate(&self) -> Result<()> {
+        let _w = self.write.lock().await;
+        let mut tx = self.begin_write().await?;
+        self.counted(1);
+        tx.execute("CREATE TABLE IF NOT EXISTS gnl_schema (id INTEGER PRIMARY KEY CHECK (id = 1), version INTEGER NOT NULL)")
+            .await?;
+        self.counted(1);
+        let current: i64 = sqlx::query_scalar("SELECT coalesce(max(version), 0) FROM gnl_schema")
+            .fetch_one(&mut *tx)
+            .await?;
+        for m in MIGRATOR
+            .iter()
+            .filter(|m| m.version > current && !m.migration_type.is_down_migration())
+        {
+            self.counted(1);
+            (&mut *tx).execute(&*m.sql).await?;
+        }
+        let latest = MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
+        if latest > current {
+            self.counted(1);
+            sqlx::query("INSERT INTO gnl_schema (id, version) VALUES (1, ?1) ON CONFLICT (id) DO UPDATE SET version = excluded.version")
+                .bind(latest)
+                .execute(&mut *tx)
+                .await?;
+        }
+        self.commit(tx).await
+    }
+
+    async fn close(&self) {
+        self.pool.close().await;
+    }
+}

@@ -1,0 +1,166 @@
+//! SQLite's own engine tests, on an in-memory store (the engine suite, `store::suite`, runs
+//! on a file).
+
+use std::sync::Arc;
+
+use crate::error::Error;
+use crate::model::*;
+use crate::store::suite::{job, req};
+use crate::store::{open, Store};
+
+async fn store() -> Arc<dyn Store> {
+    open("sqlite::memory:", 1, true).await.unwrap()
+}
+
+#[tokio::test]
+async fn lanes_are_served_in_turn() {
+    let s = store().await;
+    let mut jobs: Vec<NewJob> = (0..50).map(|i| job("big", &format!("b{i}"))).collect();
+    jobs.push(job("small", "s0"));
+    jobs.push(job("", "n0"));
+    s.enqueue(&jobs).await.unwrap();
+    let mut first = vec![];
+    for _ in 0..3 {
+        let got = s.claim(&[], &req(1, 60_000)).await.unwrap();
+        first.push(got[0].org.clone());
+    }
+    first.sort();
+    assert_eq!(first, vec!["".to_string(), "big".into(), "small".into()]);
+}
+
+#[tokio::test]
+async fn a_batch_takes_lanes_in_turn_and_each_lane_in_order() {
+    let s = store().await;
+    let jobs: Vec<NewJob> = (0..6)
+        .map(|i| job(["a", "b"][i % 2], &format!("j{i}")))
+        .collect();
+    s.enqueue(&jobs).await.unwrap();
+    let got = s.claim(&[], &req(4, 60_000)).await.unwrap();
+    let ids: Vec<&str> = got.iter().map(|j| j.id.as_str()).collect();
+    assert_eq!(ids, vec!["j0", "j2", "j1", "j3"]);
+}
+
+#[tokio::test]
+async fn an_empty_poll_is_one_query() {
+    let s = store().await;
+    let before = s.query_count();
+    assert!(s.claim(&[], &req(10, 1_000)).await.unwrap().is_empty());
+    assert_eq!(s.query_count() - before, 1);
+}
+
+#[tokio::test]
+async fn a_stale_holder_cannot_write_after_a_reclaim() {
+    let s = store().await;
+    s.enqueue(&[job("", "x")]).await.unwrap();
+    let first = s.claim(&[], &req(1, 5)).await.unwrap().remove(0);
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    // The lease expired: another claim reclaims the job with a new fencing token.
+    let second = s.claim(&[], &req(1, 60_000)).await.unwrap().remove(0);
+    assert_eq!(second.seq, first.seq);
+    assert_eq!(second.attempt, 2);
+    assert!(second.token > first.token);
+    // The stale holder's renewal and outcome change nothing.
+    let st = s
+        .renew(
+            &[LeaseRef {
+                seq: first.seq,
+                token: first.token,
+                org: first.org.clone(),
+            }],
+            60_000,
+        )
+        .await
+        .unwrap();
+    assert_eq!(st, vec![RenewStatus::Lost]);
+    s.finish(&[Outcome::Done {
+        seq: first.seq,
+        token: first.token,
+        org: first.org.clone(),
+        result: Some("1".into()),
+    }])
+    .await
+    .unwrap();
+    assert_eq!(s.get_job("", "x").await.unwrap().unwrap().state, RUNNING);
+    s.finish(&[Outcome::Done {
+        seq: second.seq,
+        token: second.token,
+        org: second.org.clone(),
+        result: Some("2".into()),
+    }])
+    .await
+    .unwrap();
+    let row = s.get_job("", "x").await.unwrap().unwrap();
+    assert_eq!(
+        (row.state.as_str(), row.result.as_deref()),
+        (DONE, Some("2"))
+    );
+}
+
+#[tokio::test]
+async fn a_crash_on_the_last_attempt_dead_letters_the_job() {
+    let s = store().await;
+    s.enqueue(&[job("", "x")]).await.unwrap();
+    for _ in 0..2 {
+        assert_eq!(s.claim(&[], &req(1, 1)).await.unwrap().len(), 1);
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert!(s.claim(&[], &req(1, 1)).await.unwrap().is_empty());
+    let row = s.get_job("", "x").await.unwrap().unwrap();
+    assert_eq!((row.state.as_str(), row.attempts), (DEAD, 2));
+    assert!(row.last_error.unwrap().contains("lease expired"));
+}
+
+#[tokio::test]
+async fn failures_retry_after_the_delay_then_dead_letter() {
+    let s = store().await;
+    s.enqueue(&[job("", "x")]).await.unwrap();
+    let j = s.claim(&[], &req(1, 60_000)).await.unwrap().remove(0);
+    let fail = Outcome::Failed {
+        seq: j.seq,
+        token: j.token,
+        org: j.org.clone(),
+        error: "boom".into(),
+        delay_ms: 60_000,
+    };
+    assert!(
+        s.claim(&[fail], &req(1, 60_000)).await.unwrap().is_empty(),
+        "not due before its delay"
+    );
+    let row = s.get_job("", "x").await.unwrap().unwrap();
+    assert_eq!(
+        (row.state.as_str(), row.last_error.as_deref()),
+        (PENDING, Some("boom"))
+    );
+}
+
+#[tokio::test]
+async fn max_depth_counts_the_calls_own_jobs_and_writes_nothing() {
+    let s = store().await;
+    let mut jobs: Vec<NewJob> = (0..3).map(|i| job("a", &format!("{i}"))).collect();
+    jobs[0].max_depth = Some(2);
+    assert!(matches!(
+        s.enqueue(&jobs).await,
+        Err(Error::QueueFull {
+            depth: 3,
+            max_depth: 2,
+            ..
+        })
+    ));
+    assert_eq!(s.max_seq().await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn steps_keep_the_first_result() {
+    let s = store().await;
+    assert_eq!(s.step_put("r", "n", "1").await.unwrap(), "1");
+    assert_eq!(s.step_put("r", "n", "2").await.unwrap(), "1");
+    assert_eq!(s.step_get("r", "n").await.unwrap().as_deref(), Some("1"));
+}
+
+#[tokio::test]
+async fn big_batches_are_split_below_the_variable_limit() {
+    let s = store().await;
+    let jobs: Vec<NewJob> = (0..20_000).map(|i| job("a", &format!("{i}"))).collect();
+    s.enqueue(&jobs).await.unwrap();
+    assert_eq!(s.max_seq().await.unwrap(), 20_000);
+}

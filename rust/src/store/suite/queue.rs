@@ -1,0 +1,958 @@
+//! The queue's engine suite (`QueueStore`): fair lanes, claims and the empty poll, leases and
+//! fencing, outcomes and retries, dead letters, cancel, `max_depth`, big batches and batches in
+//! parts, listings, and claimers and enqueuers running at once.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::{done, failed, job, req, sleep_ms};
+use crate::error::Error;
+use crate::model::*;
+use crate::store::{open, Part, Store};
+
+on_every_engine! {
+    store: [
+        lanes_are_served_in_turn,
+        lanes_alternate_however_fast_the_claims,
+        a_batch_takes_lanes_in_turn_and_each_lane_in_order,
+        a_claim_without_the_probe_claims_the_same,
+        an_empty_poll_is_one_query_whatever_the_lanes,
+        a_stale_holder_cannot_write_after_a_reclaim,
+        an_abandoned_claim_gives_back_only_its_unfinished_jobs,
+        a_lease_is_each_jobs_own,
+        a_canceled_job_keeps_the_cancels_reason,
+        a_crash_on_the_last_attempt_dead_letters_the_job,
+        failures_retry_after_the_delay_then_dead_letter,
+        max_depth_counts_the_calls_own_jobs_and_writes_nothing,
+        ids_are_exact_and_scoped_per_organization,
+        listings_cancel_and_renew,
+        the_clock_is_the_stores,
+        a_batch_in_parts_is_written_whole_or_not_at_all,
+        a_batch_over_many_organizations_is_one_call,
+        a_big_batch_skips_taken_and_repeated_ids,
+    ],
+    servers: [a_100k_job_enqueue_is_one_call, big_payloads_are_split_by_size],
+    store_and_url: [
+        concurrent_claimers_never_take_the_same_job,
+        jobs_enqueued_while_claimers_run_are_all_claimed,
+        max_depth_is_exact_under_concurrent_enqueues,
+    ],
+}
+
+/// Every job in the store, counted page by page through the listing.
+pub async fn count_jobs(s: &Arc<dyn Store>) -> usize {
+    let snapshot = s.max_seq().await.unwrap();
+    let (mut n, mut after) = (0, None);
+    loop {
+        let page = s
+            .list_jobs(&ListQuery {
+                scope: ListScope::All,
+                snapshot,
+                after: after.clone(),
+                limit: 10_000,
+            })
+            .await
+            .unwrap();
+        let Some(last) = page.last() else { break };
+        after = Some((last.org.clone(), last.seq));
+        n += page.len();
+    }
+    n
+}
+
+pub async fn lanes_are_served_in_turn(s: Arc<dyn Store>) {
+    let mut jobs: Vec<NewJob> = (0..50).map(|i| job("big", &format!("b{i}"))).collect();
+    jobs.push(job("small", "s0"));
+    jobs.push(job("", "n0"));
+    s.enqueue(&jobs).await.unwrap();
+    let mut first = vec![];
+    for _ in 0..3 {
+        let got = s.claim(&[], &req(1, 60_000)).await.unwrap();
+        first.push(got[0].org.clone());
+    }
+    first.sort();
+    assert_eq!(first, vec!["".to_string(), "big".into(), "small".into()]);
+    // Then the big lane alone, in enqueue order.
+    let got = s.claim(&[], &req(3, 60_000)).await.unwrap();
+    let ids: Vec<&str> = got.iter().map(|j| j.id.as_str()).collect();
+    assert_eq!(ids, vec!["b1", "b2", "b3"]);
+}
+
+/// Turn tickets strictly increase: claims that fall in one millisecond still alternate.
+pub async fn lanes_alternate_however_fast_the_claims(s: Arc<dyn Store>) {
+    let jobs: Vec<NewJob> = (0..16)
+        .map(|i| job(["a", "b"][i % 2], &format!("j{i}")))
+        .collect();
+    s.enqueue(&jobs).await.unwrap();
+    let mut orgs = String::new();
+    for _ in 0..8 {
+        let got = s.claim(&[], &req(1, 60_000)).await.unwrap();
+        orgs.push_str(&got[0].org);
+    }
+    assert_eq!(orgs, "abababab");
+}
+
+pub async fn a_batch_takes_lanes_in_turn_and_each_lane_in_order(s: Arc<dyn Store>) {
+    let jobs: Vec<NewJob> = (0..6)
+        .map(|i| job(["a", "b"][i % 2], &format!("j{i}")))
+        .collect();
+    s.enqueue(&jobs).await.unwrap();
+    let got = s.claim(&[], &req(4, 60_000)).await.unwrap();
+    let ids: Vec<&str> = got.iter().map(|j| j.id.as_str()).collect();
+    assert_eq!(ids, vec!["j0", "j2", "j1", "j3"]);
+    // Three lanes, a batch of 5: equal shares, the first lanes in turn get the rest.
+    let jobs: Vec<NewJob> = (0..9)
+        .map(|i| job(["c", "d", "e"][i % 3], &format!("k{i}")))
+        .collect();
+    s.enqueue(&jobs).await.unwrap();
+    let got = s.claim(&[], &req(100, 60_000)).await.unwrap();
+    let ids: Vec<&str> = got.iter().map(|j| j.id.as_str()).collect();
+    // a and b were served by the first batch: c, d, e (never served) come first.
+    assert_eq!(
+        ids,
+        vec!["k0", "k3", "k6", "k1", "k4", "k7", "k2", "k5", "k8", "j4", "j5"]
+    );
+}
+
+/// A claim without the probe (the worker's last claim came back full) claims what is due,
+/// lanes in turn, and finds nothing (writing nothing) when nothing is due.
+pub async fn a_claim_without_the_probe_claims_the_same(s: Arc<dyn Store>) {
+    let mut r = req(10, 60_000);
+    r.probe = false;
+    assert!(s.claim(&[], &r).await.unwrap().is_empty());
+    let jobs: Vec<NewJob> = (0..6)
+        .map(|i| job(["a", "b"][i % 2], &format!("j{i}")))
+        .collect();
+    s.enqueue(&jobs).await.unwrap();
+    r.limit = 4;
+    let got = s.claim(&[], &r).await.unwrap();
+    let ids: Vec<&str> = got.iter().map(|j| j.id.as_str()).collect();
+    assert_eq!(ids, vec!["j0", "j2", "j1", "j3"]);
+    let finished: Vec<Outcome> = got.iter().map(|j| done(j, "1")).collect();
+    let rest = s.claim(&finished, &r).await.unwrap();
+    assert_eq!(rest.len(), 2);
+    let finished: Vec<Outcome> = rest.iter().map(|j| done(j, "2")).collect();
+    assert!(s.claim(&finished, &r).await.unwrap().is_empty());
+    assert!(s.claim(&[], &r).await.unwrap().is_empty());
+    let row = s.get_job("a", "j4").await.unwrap().unwrap();
+    assert_eq!(
+        (row.state.as_str(), row.result.as_deref()),
+        ("done", Some("2"))
+    );
+}
+
+pub async fn an_empty_poll_is_one_query_whatever_the_lanes(s: Arc<dyn Store>) {
+    let before = s.query_count();
+    assert!(s.claim(&[], &req(10, 60_000)).await.unwrap().is_empty());
+    assert_eq!(s.query_count() - before, 1);
+    // 300 lanes, every job done: an empty poll still costs one query.
+    let jobs: Vec<NewJob> = (0..300).map(|i| job(&format!("o{i}"), "x")).collect();
+    s.enqueue(&jobs).await.unwrap();
+    let mut finished = vec![];
+    let mut n = 0;
+    loop {
+        let got = s.claim(&finished, &req(64, 60_000)).await.unwrap();
+        finished = got.iter().map(|j| done(j, "1")).collect();
+        n += got.len();
+        if got.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(n, 300);
+    let before = s.query_count();
+    assert!(s.claim(&[], &req(10, 60_000)).await.unwrap().is_empty());
+    assert_eq!(s.query_count() - before, 1);
+    // A job delayed into the future does not make a poll more than one query either.
+    let mut later = job("o1", "later");
+    later.delay_ms = Some(60_000);
+    s.enqueue(&[later]).await.unwrap();
+    let before = s.query_count();
+    assert!(s.claim(&[], &req(10, 60_000)).await.unwrap().is_empty());
+    assert_eq!(s.query_count() - before, 1);
+}
+
+pub async fn a_stale_holder_cannot_write_after_a_reclaim(s: Arc<dyn Store>) {
+    s.enqueue(&[job("", "x")]).await.unwrap();
+    let first = s.claim(&[], &req(1, 5)).await.unwrap().remove(0);
+    assert_eq!((first.attempt, first.id.as_str()), (1, "x"));
+    sleep_ms(30).await;
+    // The lease expired: another claim reclaims the job with a new fencing token.
+    let second = s.claim(&[], &req(1, 60_000)).await.unwrap().remove(0);
+    assert_eq!(second.seq, first.seq);
+    assert_eq!(second.attempt, 2);
+    assert!(second.token > first.token);
+    let row = s.get_job("", "x").await.unwrap().unwrap();
+    assert!(row.last_error.unwrap().contains("lease expired"));
+    // The stale holder's renewal and outcome change nothing.
+    let st = s
+        .renew(
+            &[LeaseRef {
+                seq: first.seq,
+                token: first.token,
+                org: first.org.clone(),
+            }],
+            60_000,
+        )
+        .await
+        .unwrap();
+    assert_eq!(st, vec![RenewStatus::Lost]);
+    s.finish(&[done(&first, "1")]).await.unwrap();
+    assert_eq!(s.get_job("", "x").await.unwrap().unwrap().state, RUNNING);
+    let st = s
+        .renew(
+            &[LeaseRef {
+                seq: second.seq,
+                token: second.token,
+                org: second.org.clone(),
+            }],
+            60_000,
+        )
+        .await
+        .unwrap();
+    assert_eq!(st, vec![RenewStatus::Held]);
+    s.finish(&[done(&second, "2")]).await.unwrap();
+    let row = s.get_job("", "x").await.unwrap().unwrap();
+    assert_eq!(
+        (row.state.as_str(), row.result.as_deref()),
+        (DONE, Some("2"))
+    );
+    assert!(row.finished_at.is_some());
+    assert_eq!(row.max_attempts, 2);
+}
+
+/// One claim's jobs, some finished (done, failed), the rest abandoned by their holder:
+/// after the lease, only the unfinished ones are taken back; each is claimed once more.
+pub async fn an_abandoned_claim_gives_back_only_its_unfinished_jobs(s: Arc<dyn Store>) {
+    let jobs: Vec<_> = ["a", "b", "c", "d"].iter().map(|i| job("o", i)).collect();
+    s.enqueue(&jobs).await.unwrap();
+    let got = s.claim(&[], &req(4, 30)).await.unwrap();
+    assert_eq!(got.len(), 4);
+    s.finish(&[done(&got[0], "1"), failed(&got[1], "boom", 0)])
+        .await
+        .unwrap();
+    sleep_ms(60).await;
+    let again = s.claim(&[], &req(10, 60_000)).await.unwrap();
+    let mut ids: Vec<(&str, i64)> = again.iter().map(|j| (j.id.as_str(), j.attempt)).collect();
+    ids.sort();
+    assert_eq!(ids, vec![("b", 2), ("c", 2), ("d", 2)]);
+    let a = s.get_job("o", "a").await.unwrap().unwrap();
+    assert_eq!((a.state.as_str(), a.result.as_deref()), (DONE, Some("1")));
+    assert!(s
+        .get_job("o", "c")
+        .await
+        .unwrap()
+        .unwrap()
+        .last_error
+        .unwrap()
+        .contains("lease expired"));
+    assert_eq!(
+        s.get_job("o", "b")
+            .await
+            .unwrap()
+            .unwrap()
+            .last_error
+            .as_deref(),
+        Some("boom")
+    );
+    // The first holder's late outcomes change nothing; the new holder's do.
+    s.finish(&[done(&got[2], "stale")]).await.unwrap();
+    assert_eq!(s.get_job("o", "c").await.unwrap().unwrap().state, RUNNING);
+    let outcomes: Vec<Outcome> = again.iter().map(|j| done(j, "2")).collect();
+    s.finish(&outcomes).await.unwrap();
+    for id in ["b", "c", "d"] {
+        let row = s.get_job("o", id).await.unwrap().unwrap();
+        assert_eq!(
+            (row.state.as_str(), row.result.as_deref()),
+            (DONE, Some("2")),
+            "{id}"
+        );
+    }
+    assert!(s.claim(&[], &req(10, 60_000)).await.unwrap().is_empty());
+}
+
+/// Each job's lease is its own, whatever claim took it: of one claim's jobs, the one its
+/// holder stops renewing (as a worker does once its handler returned) is taken back after
+/// its lease while the others, renewed, are not; once they are not renewed either, they
+/// are taken back too.
+pub async fn a_lease_is_each_jobs_own(s: Arc<dyn Store>) {
+    let jobs: Vec<_> = ["a", "b", "c"].iter().map(|i| job("o", i)).collect();
+    s.enqueue(&jobs).await.unwrap();
+    let got = s.claim(&[], &req(3, 400)).await.unwrap();
+    assert_eq!(got.len(), 3);
+    let lease = |j: &ClaimedJob| LeaseRef {
+        seq: j.seq,
+        token: j.token,
+        org: j.org.clone(),
+    };
+    let kept: Vec<LeaseRef> = got.iter().filter(|j| j.id != "c").map(lease).collect();
+    let mut back = vec![];
+    for _ in 0..6 {
+        sleep_ms(100).await;
+        assert_eq!(
+            s.renew(&kept, 400).await.unwrap(),
+            vec![RenewStatus::Held, RenewStatus::Held]
+        );
+        back.extend(s.claim(&[], &req(3, 60_000)).await.unwrap());
+    }
+    let back: Vec<(&str, i64)> = back.iter().map(|j| (j.id.as_str(), j.attempt)).collect();
+    assert_eq!(back, vec![("c", 2)]);
+    sleep_ms(500).await;
+    let mut late: Vec<String> = s
+        .claim(&[], &req(3, 60_000))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|j| j.id)
+        .collect();
+    late.sort();
+    assert_eq!(late, vec!["a", "b"]);
+}
+
+/// A running job canceled keeps the cancel's reason as its last error, whether its
+/// handler returned or raised (e.g. the revocation its signal raised).
+pub async fn a_canceled_job_keeps_the_cancels_reason(s: Arc<dyn Store>) {
+    s.enqueue(&[job("o", "r"), job("o", "d")]).await.unwrap();
+    let got = s.claim(&[], &req(2, 60_000)).await.unwrap();
+    assert_eq!(got.len(), 2);
+    for j in &got {
+        assert!(s.cancel_job("o", &j.id, Some("user")).await.unwrap());
+    }
+    let raised = failed(
+        &got[0],
+        "ExecutionRevokedError: execution revoked: canceled",
+        0,
+    );
+    s.finish(&[raised, done(&got[1], "null")]).await.unwrap();
+    for j in &got {
+        let row = s.get_job("o", &j.id).await.unwrap().unwrap();
+        assert_eq!(row.state, CANCELED, "{}", j.id);
+        assert_eq!(
+            row.last_error.as_deref(),
+            Some("canceled: user"),
+            "{}",
+            j.id
+        );
+    }
+}
+
+pub async fn a_crash_on_the_last_attempt_dead_letters_the_job(s: Arc<dyn Store>) {
+    s.enqueue(&[job("", "x")]).await.unwrap();
+    for _ in 0..2 {
+        assert_eq!(s.claim(&[], &req(1, 1)).await.unwrap().len(), 1);
+        sleep_ms(10).await;
+    }
+    assert!(s.claim(&[], &req(1, 1)).await.unwrap().is_empty());
+    let row = s.get_job("", "x").await.unwrap().unwrap();
+    assert_eq!((row.state.as_str(), row.attempts), (DEAD, 2));
+    assert!(row.last_error.unwrap().contains("lease expired"));
+    assert!(row.finished_at.is_some());
+    // retry_job: dead -> pending with attempts 0, due now.
+    assert!(s.retry_job("", "x").await.unwrap());
+    assert!(!s.retry_job("", "x").await.unwrap());
+    let j = s.claim(&[], &req(1, 60_000)).await.unwrap().remove(0);
+    assert_eq!(j.attempt, 1);
+}
+
+pub async fn failures_retry_after_the_delay_then_dead_letter(s: Arc<dyn Store>) {
+    s.enqueue(&[job("", "x")]).await.unwrap();
+    let j = s.claim(&[], &req(1, 60_000)).await.unwrap().remove(0);
+    let fail = failed(&j, "boom", 60_000);
+    assert!(
+        s.claim(&[fail], &req(1, 60_000)).await.unwrap().is_empty(),
+        "not due before its delay"
+    );
+    let row = s.get_job("", "x").await.unwrap().unwrap();
+    assert_eq!(
+        (row.state.as_str(), row.last_error.as_deref()),
+        (PENDING, Some("boom"))
+    );
+    assert!(row.run_at >= row.updated_at + 59_000);
+    // A short delay: due again, second attempt; failing it uses the last attempt.
+    s.enqueue(&[job("", "y")]).await.unwrap();
+    let j = s.claim(&[], &req(1, 60_000)).await.unwrap().remove(0);
+    assert_eq!(j.id, "y");
+    let fail = failed(&j, "boom 1", 1);
+    s.finish(&[fail]).await.unwrap();
+    sleep_ms(10).await;
+    let j = s.claim(&[], &req(1, 60_000)).await.unwrap().remove(0);
+    assert_eq!((j.id.as_str(), j.attempt), ("y", 2));
+    let fail = failed(&j, "boom 2 \u{1F600}", 1);
+    s.finish(&[fail]).await.unwrap();
+    let row = s.get_job("", "y").await.unwrap().unwrap();
+    assert_eq!(
+        (row.state.as_str(), row.attempts, row.last_error.as_deref()),
+        (DEAD, 2, Some("boom 2 \u{1F600}"))
+    );
+}
+
+pub async fn max_depth_counts_the_calls_own_jobs_and_writes_nothing(s: Arc<dyn Store>) {
+    let mut jobs: Vec<NewJob> = (0..3).map(|i| job("a", &format!("{i}"))).collect();
+    jobs[0].max_depth = Some(2);
+    assert!(matches!(
+        s.enqueue(&jobs).await,
+        Err(Error::QueueFull {
+            depth: 3,
+            max_depth: 2,
+            ..
+        })
+    ));
+    assert_eq!(count_jobs(&s).await, 0);
+    jobs[0].max_depth = Some(3);
+    s.enqueue(&jobs).await.unwrap();
+    // Duplicates add nothing; a new job makes 4.
+    s.enqueue(&jobs).await.unwrap();
+    let mut more = vec![job("a", "0"), job("a", "new")];
+    more[1].max_depth = Some(3);
+    match s.enqueue(&more).await {
+        Err(Error::QueueFull {
+            org,
+            depth: 4,
+            max_depth: 3,
+        }) => assert_eq!(org.as_deref(), Some("a")),
+        other => panic!("{other:?}"),
+    }
+    assert!(s.get_job("a", "new").await.unwrap().is_none());
+    // Other organizations do not count.
+    let mut other = job("b", "0");
+    other.max_depth = Some(1);
+    s.enqueue(&[other]).await.unwrap();
+}
+
+pub async fn a_100k_job_enqueue_is_one_call(s: Arc<dyn Store>) {
+    let jobs: Vec<NewJob> = (0..100_000)
+        .map(|i| NewJob {
+            payload: format!("{{\"row\":{i},\"name\":\"import row number {i}\"}}"),
+            ..job(["a", "b", ""][i % 3], &format!("import:{i}"))
+        })
+        .collect();
+    s.enqueue(&jobs).await.unwrap();
+    assert_eq!(count_jobs(&s).await, 100_000);
+    // Again: every id is already there, nothing is added.
+    s.enqueue(&jobs[..30_000]).await.unwrap();
+    let n = count_jobs(&s).await;
+    assert_eq!(n, 100_000);
+    let row = s.get_job("b", "import:99997").await.unwrap().unwrap();
+    assert_eq!(
+        row.payload,
+        "{\"row\":99997,\"name\":\"import row number 99997\"}"
+    );
+}
+
+/// One call over 20,000 organizations (and one small call over 100) is written whole, and
+/// every job is claimable: no per-organization lock or statement limit reaches the caller.
+pub async fn a_batch_over_many_organizations_is_one_call(s: Arc<dyn Store>) {
+    let big: Vec<NewJob> = (0..20_000).map(|i| job(&format!("org{i}"), "x")).collect();
+    s.enqueue(&big).await.unwrap();
+    let small: Vec<NewJob> = (0..100).map(|i| job(&format!("s{i}"), "y")).collect();
+    s.enqueue(&small).await.unwrap();
+    assert_eq!(count_jobs(&s).await, 20_100);
+    let mut claimed = 0;
+    loop {
+        let got = s.claim(&[], &req(2_000, 60_000)).await.unwrap();
+        if got.is_empty() {
+            break;
+        }
+        claimed += got.len();
+    }
+    assert_eq!(claimed, 20_100);
+}
+
+/// A batch sent in parts: written whole when it ends, including parts with an organization
+/// it did not announce (Postgres then writes it the other way); nothing when the sender
+/// goes away before the end.
+pub async fn a_batch_in_parts_is_written_whole_or_not_at_all(s: Arc<dyn Store>) {
+    let part = |from: usize, org: &str| {
+        let jobs: Vec<NewJob> = (from..from + 3_000)
+            .map(|i| job(org, &format!("p{i}")))
+            .collect();
+        JobBatch::from(&jobs[..])
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tx.send(Part::Jobs(Box::new(part(0, "a")))).unwrap();
+    tx.send(Part::Jobs(Box::new(part(3_000, "unannounced"))))
+        .unwrap();
+    tx.send(Part::End).unwrap();
+    crate::store::enqueue_parts(s.as_ref(), 6_000, &["a".to_string()], &mut rx)
+        .await
+        .unwrap();
+    assert_eq!(count_jobs(&s).await, 6_000);
+    assert!(s.get_job("unannounced", "p5999").await.unwrap().is_some());
+
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tx.send(Part::Jobs(Box::new(part(10_000, "a")))).unwrap();
+    drop(tx);
+    let r = crate::store::enqueue_parts(s.as_ref(), 6_000, &["a".to_string()], &mut rx).await;
+    assert!(matches!(r, Err(Error::Abandoned)), "{r:?}");
+    assert_eq!(count_jobs(&s).await, 6_000);
+}
+
+pub async fn big_payloads_are_split_by_size(s: Arc<dyn Store>) {
+    // 40 MB in one call: more than a MySQL packet holds.
+    let big = format!("\"{}\"", "x".repeat(1 << 20));
+    let jobs: Vec<NewJob> = (0..40)
+        .map(|i| NewJob {
+            payload: big.clone(),
+            ..job("", &format!("big{i}"))
+        })
+        .collect();
+    s.enqueue(&jobs).await.unwrap();
+    assert_eq!(count_jobs(&s).await, 40);
+    let row = s.get_job("", "big39").await.unwrap().unwrap();
+    assert_eq!(row.payload.len(), big.len());
+    let got = s.claim(&[], &req(40, 60_000)).await.unwrap();
+    assert_eq!(got.len(), 40);
+    // Results of different sizes in one write (a small one first).
+    let outs: Vec<Outcome> = got
+        .iter()
+        .map(|j| {
+            if j.id == "big0" {
+                done(j, "\"s\"")
+            } else {
+                done(j, &big)
+            }
+        })
+        .collect();
+    s.finish(&outs).await.unwrap();
+    let row = s.get_job("", "big7").await.unwrap().unwrap();
+    assert_eq!(
+        (row.state.as_str(), row.result.map(|r| r.len())),
+        (DONE, Some(big.len()))
+    );
+    let row = s.get_job("", "big0").await.unwrap().unwrap();
+    assert_eq!(row.result.as_deref(), Some("\"s\""));
+    // Errors of different sizes, through a failed attempt each.
+    s.enqueue(&[job("", "e1"), job("", "e2")]).await.unwrap();
+    let got = s.claim(&[], &req(2, 60_000)).await.unwrap();
+    let long_error = "e".repeat(200_000);
+    let outs: Vec<Outcome> = got
+        .iter()
+        .map(|j| Outcome::Failed {
+            seq: j.seq,
+            token: j.token,
+            org: j.org.clone(),
+            error: if j.id == "e1" {
+                "short".into()
+            } else {
+                long_error.clone()
+            },
+            delay_ms: 60_000,
+        })
+        .collect();
+    s.finish(&outs).await.unwrap();
+    let e1 = s.get_job("", "e1").await.unwrap().unwrap();
+    let e2 = s.get_job("", "e2").await.unwrap().unwrap();
+    assert_eq!(e1.last_error.as_deref(), Some("short"));
+    assert_eq!(e2.last_error.map(|e| e.len()), Some(long_error.len()));
+}
+
+pub async fn ids_are_exact_and_scoped_per_organization(s: Arc<dyn Store>) {
+    let long: String = "\u{00E9}".repeat(600);
+    let ids = ["a", "A", "a ", " a", "\u{00E9}", "e\u{0301}", long.as_str()];
+    let mut jobs: Vec<NewJob> = ids.iter().map(|i| job("", i)).collect();
+    jobs.push(job("org", "a"));
+    jobs.push(job("Org", "a"));
+    jobs.push(job("org ", "a"));
+    jobs.push(job("", "a")); // repeated in the call: one job
+    s.enqueue(&jobs).await.unwrap();
+    assert_eq!(count_jobs(&s).await, 10);
+    for i in ids {
+        assert_eq!(s.get_job("", i).await.unwrap().unwrap().id, i);
+    }
+    assert_eq!(s.get_job("org ", "a").await.unwrap().unwrap().org, "org ");
+    assert!(s.get_job("", "b").await.unwrap().is_none());
+    assert!(s.get_job("ORG", "a").await.unwrap().is_none());
+    // list_all_jobs: no organization first, then organizations in byte order.
+    let all = s
+        .list_jobs(&ListQuery {
+            scope: ListScope::All,
+            snapshot: 100,
+            after: None,
+            limit: 100,
+        })
+        .await
+        .unwrap();
+    let orgs: Vec<&str> = all.iter().map(|r| r.org.as_str()).collect();
+    assert_eq!(orgs, vec!["", "", "", "", "", "", "", "Org", "org", "org "]);
+    let seqs: Vec<i64> = all[..7].iter().map(|r| r.seq).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]));
+}
+
+pub async fn listings_cancel_and_renew(s: Arc<dyn Store>) {
+    let jobs: Vec<NewJob> = (0..5)
+        .map(|i| NewJob {
+            typ: if i % 2 == 0 { "even" } else { "odd" }.into(),
+            ..job("l", &format!("{i}"))
+        })
+        .collect();
+    s.enqueue(&jobs).await.unwrap();
+    let snap = s.max_seq().await.unwrap();
+    s.enqueue(&[job("l", "late")]).await.unwrap();
+    let page = |after: Option<(String, i64)>, state: Option<&str>, typ: Option<&str>| ListQuery {
+        scope: ListScope::Lane {
+            org: "l".into(),
+            state: state.map(String::from),
+            typ: typ.map(String::from),
+        },
+        snapshot: snap,
+        after,
+        limit: 2,
+    };
+    let p1 = s.list_jobs(&page(None, None, None)).await.unwrap();
+    let ids: Vec<&str> = p1.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, vec!["0", "1"]);
+    let p2 = s
+        .list_jobs(&page(Some(("l".into(), p1[1].seq)), None, None))
+        .await
+        .unwrap();
+    let ids: Vec<&str> = p2.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, vec!["2", "3"]);
+    let p3 = s
+        .list_jobs(&page(Some(("l".into(), p2[1].seq)), None, None))
+        .await
+        .unwrap();
+    let ids: Vec<&str> = p3.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        vec!["4"],
+        "the job enqueued after the snapshot is not listed"
+    );
+    let odd = s.list_jobs(&page(None, None, Some("odd"))).await.unwrap();
+    let ids: Vec<&str> = odd.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, vec!["1", "3"]);
+    // cancel: pending -> canceled at once.
+    assert!(s
+        .cancel_job("l", "0", Some("no longer needed"))
+        .await
+        .unwrap());
+    let row = s.get_job("l", "0").await.unwrap().unwrap();
+    assert_eq!(row.state, CANCELED);
+    assert!(row.finished_at.is_some());
+    assert!(row.last_error.unwrap().contains("no longer needed"));
+    assert!(!s.cancel_job("l", "0", None).await.unwrap());
+    assert!(!s.cancel_job("l", "nope", None).await.unwrap());
+    let pend = s
+        .list_jobs(&page(None, Some("pending"), None))
+        .await
+        .unwrap();
+    let ids: Vec<&str> = pend.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, vec!["1", "2"]);
+    // Running: the renewal reports the cancel, the outcome makes it canceled.
+    let j = s.claim(&[], &req(1, 60_000)).await.unwrap().remove(0);
+    assert_eq!(j.id, "1");
+    let lease = LeaseRef {
+        seq: j.seq,
+        token: j.token,
+        org: j.org.clone(),
+    };
+    let other = LeaseRef {
+        seq: 999_999,
+        token: 1,
+        org: String::new(),
+    };
+    assert_eq!(
+        s.renew(&[lease.clone(), other], 60_000).await.unwrap(),
+        vec![RenewStatus::Held, RenewStatus::Lost]
+    );
+    assert!(s.cancel_job("l", "1", None).await.unwrap());
+    assert_eq!(s.get_job("l", "1").await.unwrap().unwrap().state, RUNNING);
+    assert_eq!(
+        s.renew(&[lease], 60_000).await.unwrap(),
+        vec![RenewStatus::CancelRequested]
+    );
+    s.finish(&[done(&j, "null")]).await.unwrap();
+    let row = s.get_job("l", "1").await.unwrap().unwrap();
+    assert_eq!(row.state, CANCELED);
+    assert!(!s.cancel_job("l", "1", None).await.unwrap());
+    assert!(!s.retry_job("l", "1").await.unwrap());
+    // A delayed job is not claimed before its time; run_at in the past is due at once.
+    let mut d = job("m", "delayed");
+    d.delay_ms = Some(60_000);
+    let mut p = job("m", "past");
+    p.run_at = Some(1_000);
+    s.enqueue(&[d, p]).await.unwrap();
+    let got = s.claim(&[], &req(10, 60_000)).await.unwrap();
+    let ids: BTreeSet<&str> = got.iter().map(|j| j.id.as_str()).collect();
+    assert!(ids.contains("past") && !ids.contains("delayed"), "{ids:?}");
+    let now = s.now_ms().await.unwrap();
+    let row = s.get_job("m", "delayed").await.unwrap().unwrap();
+    assert!(row.run_at > now + 50_000 && row.created_at <= now);
+}
+
+pub async fn the_clock_is_the_stores(s: Arc<dyn Store>) {
+    let local = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let now = s.now_ms().await.unwrap();
+    assert!((now - local).abs() < 5_000, "{now} vs {local}");
+}
+
+/// A big batch (the engines' bulk paths: COPY on Postgres) in which one id is taken and
+/// one repeats: every other job is inserted, and the first writer of an id keeps it.
+pub async fn a_big_batch_skips_taken_and_repeated_ids(s: Arc<dyn Store>) {
+    let mut first = job("a", "taken");
+    first.payload = r#"{"v":1}"#.into();
+    s.enqueue(&[first]).await.unwrap();
+    let mut jobs: Vec<NewJob> = (0..2_500).map(|i| job("a", &format!("j{i}"))).collect();
+    jobs[1_800].id = "taken".into();
+    jobs[1_800].payload = r#"{"v":2}"#.into();
+    jobs[2_000].id = "j5".into();
+    jobs[2_000].payload = r#"{"v":3}"#.into();
+    jobs[2_400].org = "b".into();
+    jobs[2_400].delay_ms = Some(3_600_000);
+    s.enqueue(&jobs).await.unwrap();
+    // 2,500 - 2 (taken, repeated) new jobs + the first one.
+    let all = s
+        .list_jobs(&ListQuery {
+            scope: ListScope::All,
+            snapshot: i64::MAX,
+            after: None,
+            limit: 10_000,
+        })
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 2_499);
+    let taken = s.get_job("a", "taken").await.unwrap().unwrap();
+    assert_eq!(taken.payload.replace(' ', ""), r#"{"v":1}"#);
+    let j5 = s.get_job("a", "j5").await.unwrap().unwrap();
+    assert_eq!(j5.payload.replace(' ', ""), "{}");
+    let later = s.get_job("b", "j2400").await.unwrap().unwrap();
+    assert!(later.run_at - later.created_at >= 3_600_000);
+    // Both lanes know their jobs: everything in `a` is claimable, nothing in `b` yet.
+    let claimed = s.claim(&[], &req(5_000, 60_000)).await.unwrap();
+    assert_eq!(claimed.len(), 2_498);
+    assert!(claimed.iter().all(|j| j.org == "a"));
+}
+
+/// Eight enqueues at once into one organization with `max_depth` 5: exactly five pass.
+pub async fn max_depth_is_exact_under_concurrent_enqueues(s: Arc<dyn Store>, url: String) {
+    let mut tasks = vec![];
+    for i in 0..8 {
+        let url = url.clone();
+        tasks.push(tokio::spawn(async move {
+            let store = open(&url, 1, false).await.unwrap();
+            let mut j = job("deep", &format!("{i}"));
+            j.max_depth = Some(5);
+            let mut r = store.enqueue(&[j.clone()]).await;
+            // A deadlock (MySQL, first rows of a new lane) is transient: the caller retries.
+            for _ in 0..5 {
+                match &r {
+                    Err(e) if e.is_transient() => {
+                        eprintln!("transient: {e}");
+                        r = store.enqueue(&[j.clone()]).await
+                    }
+                    _ => break,
+                }
+            }
+            store.close().await;
+            r
+        }));
+    }
+    let mut ok = 0;
+    let mut full = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(()) => ok += 1,
+            Err(Error::QueueFull { max_depth: 5, .. }) => full += 1,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!((ok, full), (5, 3));
+    let snap = s.max_seq().await.unwrap();
+    let rows = s
+        .list_jobs(&ListQuery {
+            scope: ListScope::Lane {
+                org: "deep".into(),
+                state: None,
+                typ: None,
+            },
+            snapshot: snap,
+            after: None,
+            limit: 100,
+        })
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 5);
+}
+
+/// Every job in the store (up to 100,000), from one listing page.
+async fn all_jobs(s: &Arc<dyn Store>) -> Vec<JobRow> {
+    let snapshot = s.max_seq().await.unwrap();
+    s.list_jobs(&ListQuery {
+        scope: ListScope::All,
+        snapshot,
+        after: None,
+        limit: 100_000,
+    })
+    .await
+    .unwrap()
+}
+
+/// A claimer on its own connection, as the worker claims: up to `limit` jobs a call, the
+/// last batch's outcomes (`outcome` of each job) carried by the next call, a deadlock run
+/// again. Stops after `idle` empty claims in a row while `busy()` is false.
+async fn claimer(
+    url: &str,
+    w: usize,
+    limit: usize,
+    idle: usize,
+    busy: impl Fn() -> bool,
+    outcome: impl Fn(&ClaimedJob) -> Outcome,
+    mut seen: impl FnMut(&[ClaimedJob]),
+) {
+    let store = open(url, 2, false).await.unwrap();
+    let mut finished: Vec<Outcome> = vec![];
+    let mut empty = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while empty < idle || busy() {
+        assert!(std::time::Instant::now() < deadline, "claimer {w} too slow");
+        let r = ClaimRequest {
+            owner: format!("w{w}"),
+            limit,
+            ttl_ms: 60_000,
+            max_attempts: 5,
+            probe: true,
+        };
+        let got = crate::store::claim(store.as_ref(), &finished, &r)
+            .await
+            .unwrap();
+        finished = got.iter().map(&outcome).collect();
+        if got.is_empty() {
+            empty += 1;
+            sleep_ms(5).await;
+        } else {
+            empty = 0;
+            seen(&got);
+        }
+    }
+    crate::store::finish(store.as_ref(), &finished)
+        .await
+        .unwrap();
+    store.close().await;
+}
+
+/// Producers enqueue (batches of 1 to 1,500 jobs, some due later, over 3 or 40 lanes) while
+/// claimers drain, failing every 5th job once: every job ends done, claimed once per
+/// attempt. A job that a claim passed over while it was being enqueued must still be found.
+pub async fn jobs_enqueued_while_claimers_run_are_all_claimed(s: Arc<dyn Store>, url: String) {
+    const PRODUCERS: usize = 3;
+    const BATCHES: [usize; 6] = [1, 7, 1_500, 40, 1, 300];
+    let total: usize = PRODUCERS * BATCHES.iter().sum::<usize>();
+    let producing = Arc::new(std::sync::atomic::AtomicUsize::new(PRODUCERS));
+    let claims = Arc::new(Mutex::new(Vec::<(String, i64)>::new()));
+    let mut tasks = vec![];
+    for p in 0..PRODUCERS {
+        let url = url.clone();
+        let producing = producing.clone();
+        tasks.push(tokio::spawn(async move {
+            let store = open(&url, 2, false).await.unwrap();
+            let mut n = 0;
+            for (b, size) in BATCHES.iter().enumerate() {
+                let jobs: Vec<NewJob> = (0..*size)
+                    .map(|i| {
+                        n += 1;
+                        // Batch 3 (40 jobs) spans 40 lanes: more than one enqueue
+                        // locks lane by lane (LANE_LOCKS_MAX on Postgres).
+                        let org = if b == 3 {
+                            format!("m{i}")
+                        } else {
+                            ["a", "b", ""][(i + b) % 3].to_string()
+                        };
+                        let mut j = job(&org, &format!("p{p}-{n}"));
+                        if n % 11 == 0 {
+                            j.delay_ms = Some(30);
+                        }
+                        j
+                    })
+                    .collect();
+                crate::store::enqueue(store.as_ref(), &JobBatch::from(&jobs[..]))
+                    .await
+                    .unwrap();
+                sleep_ms(3).await;
+            }
+            producing.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            store.close().await;
+        }));
+    }
+    for w in 0..3 {
+        let url = url.clone();
+        let producing = producing.clone();
+        let claims = claims.clone();
+        tasks.push(tokio::spawn(async move {
+            let busy = move || producing.load(std::sync::atomic::Ordering::SeqCst) > 0;
+            let fail_once = |j: &ClaimedJob| {
+                let n: usize = j.id.rsplit('-').next().unwrap().parse().unwrap();
+                if n % 5 == 0 && j.attempt == 1 {
+                    failed(j, "once", 0)
+                } else {
+                    done(j, "true")
+                }
+            };
+            claimer(&url, w, 25, 40, busy, fail_once, |got| {
+                claims
+                    .lock()
+                    .unwrap()
+                    .extend(got.iter().map(|j| (j.id.clone(), j.attempt)))
+            })
+            .await;
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let mut claims = claims.lock().unwrap().clone();
+    claims.sort();
+    let before = claims.len();
+    claims.dedup();
+    assert_eq!(claims.len(), before, "no attempt claimed twice");
+    let firsts = claims.iter().filter(|(_, a)| *a == 1).count();
+    assert_eq!(firsts, total, "every job claimed");
+    let rows = all_jobs(&s).await;
+    assert_eq!(rows.len(), total);
+    let not_done: Vec<_> = rows.iter().filter(|r| r.state != DONE).collect();
+    assert!(
+        not_done.is_empty(),
+        "not done: {:?}",
+        &not_done[..not_done.len().min(3)]
+    );
+}
+
+/// Four workers, each with its own pool, drain 2,000 jobs at once: every job is claimed
+/// exactly once.
+pub async fn concurrent_claimers_never_take_the_same_job(s: Arc<dyn Store>, url: String) {
+    let jobs: Vec<NewJob> = (0..2_000)
+        .map(|i| job(["a", "b", "c", "d", "e", "", "g"][i % 7], &format!("{i}")))
+        .collect();
+    s.enqueue(&jobs).await.unwrap();
+    let seen = Arc::new(Mutex::new(Vec::<i64>::new()));
+    let mut tasks = vec![];
+    for w in 0..4 {
+        let url = url.clone();
+        let seen = seen.clone();
+        tasks.push(tokio::spawn(async move {
+            let all_done = |j: &ClaimedJob| done(j, "true");
+            claimer(
+                &url,
+                w,
+                10,
+                20,
+                || false,
+                all_done,
+                |got| seen.lock().unwrap().extend(got.iter().map(|j| j.seq)),
+            )
+            .await;
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let mut seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2_000, "every job claimed once");
+    seen.sort_unstable();
+    seen.dedup();
+    assert_eq!(seen.len(), 2_000, "no job claimed twice");
+    let rows = all_jobs(&s).await;
+    assert_eq!(rows.len(), 2_000);
+    assert!(rows.iter().all(|r| r.state == DONE && r.attempts == 1));
+}
