@@ -187,9 +187,11 @@ def test_a_run_of_polls_matches_the_model(
         slot = got.next_slot
     if grid.kind != "at" and slot is not None:
         # Every occurrence from the first to the last one handled was fired or dropped.
-        handled = [first_slot(grid)]
-        while (n := grid.next_after(handled[-1])) is not None and n < slot:
-            handled.append(n)
+        handled: list[int] = []
+        o: int | None = first_slot(grid)
+        while o is not None and o < slot:
+            handled.append(o)
+            o = grid.next_after(o)
         assert len(fired) + dropped == len(handled)
         assert set(fired) <= set(handled)
 

@@ -18,7 +18,7 @@ The arithmetic is the native core's (``rust/src/cron/``); these wrappers check t
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 
 from . import _native
 from ._time import to_ms
@@ -27,17 +27,27 @@ from .errors import InvalidArgumentError
 __all__ = ["cron_times", "next_cron_time", "parse_field"]
 
 _I64_MIN = -(2**63)
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MS = timedelta(milliseconds=1)
 
 
-def _after(after_ms: int | datetime) -> int | None:
-    """``after_ms`` as an int the native core takes; None: after the year 9999."""
-    if type(after_ms) is not int:
-        after_ms = to_ms(after_ms, "after_ms")
-    if after_ms >= 2**63:
-        return None
+def _instant(value: int | datetime) -> int:
+    """``value`` (epoch ms or an aware datetime) as epoch ms; a datetime's sub-millisecond
+    part is dropped (floor), so a fire time is never taken for one already past."""
+    if isinstance(value, datetime):
+        try:
+            return (value - _EPOCH) // _MS
+        except TypeError:  # naive (no UTC offset)
+            pass
+    return to_ms(value, "after_ms")
+
+
+def _out_of_range(expr: str, after_ms: int) -> None:
+    """For an ``after_ms`` outside the int64 range: refuse a bad ``expr`` first, then a
+    value below it (after it there is no fire time: the caller answers None)."""
+    _native.next_cron_time(expr, 0)
     if after_ms < _I64_MIN:
         raise InvalidArgumentError(f"after_ms must be >= {_I64_MIN}, got {after_ms}")
-    return after_ms
 
 
 def next_cron_time(expr: str, after_ms: int | datetime) -> int | None:
@@ -56,13 +66,13 @@ def next_cron_time(expr: str, after_ms: int | datetime) -> int | None:
         TypeError: ``expr`` is not a str, or ``after_ms`` neither an int nor a datetime.
         gnl.InvalidArgumentError: ``after_ms`` is a naive datetime.
     """
-    if type(after_ms) is int and _I64_MIN <= after_ms < 2**63:
+    if type(after_ms) is not int:
+        after_ms = _instant(after_ms)
+    try:
         return _native.next_cron_time(expr, after_ms)
-    after = _after(after_ms)
-    if after is None:
-        _native.next_cron_time(expr, 0)  # still refuse a bad expression
+    except OverflowError:
+        _out_of_range(expr, after_ms)
         return None
-    return _native.next_cron_time(expr, after)
 
 
 def cron_times(expr: str, after_ms: int | datetime, count: int) -> list[int]:
@@ -85,11 +95,13 @@ def cron_times(expr: str, after_ms: int | datetime, count: int) -> list[int]:
         raise TypeError(f"count must be an int, not {type(count).__name__}")
     if not 0 <= count <= 1_000_000:
         raise InvalidArgumentError(f"count must be in 0..1000000, got {count}")
-    after = _after(after_ms)
-    if after is None:
-        _native.next_cron_time(expr, 0)
+    if type(after_ms) is not int:
+        after_ms = _instant(after_ms)
+    try:
+        return _native.cron_times(expr, after_ms, count)
+    except OverflowError:
+        _out_of_range(expr, after_ms)
         return []
-    return _native.cron_times(expr, after, count)
 
 
 def parse_field(text: str, lo: int, hi: int) -> list[int]:

@@ -52,9 +52,6 @@ pub struct Cron {
     weekdays: u8,
     /// Both day fields restricted: a day matches either (else it must match both).
     day_or: bool,
-    /// For a month whose day 1 is weekday `w` (0 = Sunday): the days 1..=31 whose weekday
-    /// matches.
-    weekday_days: [u32; 7],
 }
 
 const MACROS: [(&str, &str); 7] = [
@@ -87,21 +84,25 @@ impl Cron {
             ));
         }
         let text = expr.trim_matches(|c: char| c.is_ascii_whitespace());
-        let expanded;
-        let fields: Vec<&str> = if text.starts_with('@') {
+        let source = if text.starts_with('@') {
             match MACROS.iter().find(|(name, _)| *name == text) {
-                Some((_, e)) => e.split(' ').collect(),
+                Some((_, e)) => *e,
                 None => return Err(whole(None, macro_problem(text))),
             }
         } else {
-            expanded = text.split_ascii_whitespace().collect::<Vec<_>>();
-            expanded
+            text
         };
-        if fields.len() != 5 {
-            return Err(whole(
-                field_count_field(fields.len()),
-                field_count_problem(&fields),
-            ));
+        let mut fields = [""; 5];
+        let mut n = 0;
+        for f in source.split_ascii_whitespace() {
+            if n < 5 {
+                fields[n] = f;
+            }
+            n += 1;
+        }
+        if n != 5 {
+            let all: Vec<&str> = source.split_ascii_whitespace().collect();
+            return Err(whole(field_count_field(n), field_count_problem(&all)));
         }
         let mut bits = [0u64; 5];
         for (i, f) in field::FIELDS.into_iter().enumerate() {
@@ -112,14 +113,14 @@ impl Cron {
         if weekdays & (1 << 7) != 0 {
             weekdays = (weekdays | 1) & !(1 << 7);
         }
-        let cron = Cron::from_bits(
-            bits[0],
-            bits[1] as u32,
-            bits[2] as u32,
-            bits[3] as u16,
-            weekdays as u8,
-            !fields[2].starts_with('*') && !fields[4].starts_with('*'),
-        );
+        let cron = Cron {
+            minutes: bits[0],
+            hours: bits[1] as u32,
+            days: bits[2] as u32,
+            months: bits[3] as u16,
+            weekdays: weekdays as u8,
+            day_or: !fields[2].starts_with('*') && !fields[4].starts_with('*'),
+        };
         if !cron.can_fire() {
             return Err(whole(
                 Some(Field::DayOfMonth),
@@ -131,33 +132,6 @@ impl Cron {
             ));
         }
         Ok(cron)
-    }
-
-    fn from_bits(
-        minutes: u64,
-        hours: u32,
-        days: u32,
-        months: u16,
-        weekdays: u8,
-        day_or: bool,
-    ) -> Cron {
-        let mut weekday_days = [0u32; 7];
-        for (first, mask) in weekday_days.iter_mut().enumerate() {
-            for d in 1..=31u32 {
-                if weekdays & (1 << ((first as u32 + d - 1) % 7)) != 0 {
-                    *mask |= 1 << d;
-                }
-            }
-        }
-        Cron {
-            minutes,
-            hours,
-            days,
-            months,
-            weekdays,
-            day_or,
-            weekday_days,
-        }
     }
 
     /// False when no day can ever match: both day fields must match (one starts with `*`)

@@ -21,6 +21,30 @@ const MIN_YEAR: i64 = -292_000_000;
 /// The first minute number of the year 10000.
 const END_MINUTE: i64 = YEAR_10000_MS / MINUTE_MS;
 
+/// `DAYS_AT[r]`: the days d (bits 1..=31) with (d - 1) % 7 == r.
+const DAYS_AT: [u64; 7] = {
+    let mut t = [0u64; 7];
+    let mut d = 1;
+    while d <= 31 {
+        t[(d - 1) % 7] |= 1 << d;
+        d += 1;
+    }
+    t
+};
+
+/// The days 1..=31 of a month whose day 1 is weekday `first` that fall on a weekday of
+/// `weekdays` (bits 0..=6).
+fn weekday_days(weekdays: u8, first: u32) -> u64 {
+    let mut out = 0;
+    let mut w = weekdays;
+    while w != 0 {
+        let x = w.trailing_zeros();
+        w &= w - 1;
+        out |= DAYS_AT[((x + 7 - first) % 7) as usize];
+    }
+    out
+}
+
 /// The n-th (1-based) set bit of `bits`.
 fn select_bit(mut bits: u64, n: u32) -> u32 {
     for _ in 1..n {
@@ -70,7 +94,7 @@ impl Cron {
             return 0;
         }
         let valid = bits_to(u64::MAX, days_in_month(y, m)) & !1;
-        let by_weekday = u64::from(self.weekday_days[weekday(days_from_civil(y, m, 1)) as usize]);
+        let by_weekday = weekday_days(self.weekdays, weekday(days_from_civil(y, m, 1)));
         let days = u64::from(self.days);
         valid
             & if self.day_or {
