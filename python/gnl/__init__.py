@@ -7,6 +7,7 @@ Everything public is exported here (API.md is the contract).
 from __future__ import annotations
 
 from . import _bridge  # noqa: F401  (registers the exit hook)
+from .cron import cron_times, next_cron_time, parse_field
 from .errors import (
     CronError,
     ExecutionRevokedError,
@@ -69,11 +70,14 @@ __all__ = [
     "cancel_job",
     "connect",
     "create_worker",
+    "cron_times",
     "enqueue",
     "enqueue_many",
     "get_job",
     "list_all_jobs",
     "list_jobs",
+    "next_cron_time",
+    "parse_field",
     "retry_job",
     "upgrade",
 ]

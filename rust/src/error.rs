@@ -13,6 +13,8 @@ pub enum Error {
     InvalidArgument(String),
     /// An argument of the wrong type (maps to plain `TypeError`).
     WrongType(String),
+    /// A refused cron expression (maps to `gnl.CronError`); the message names the field.
+    Cron(String),
     /// `max_depth` would be exceeded (maps to `gnl.QueueFullError`).
     QueueFull {
         org: Option<String>,
@@ -50,7 +52,7 @@ pub enum Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::InvalidArgument(m) | Error::WrongType(m) => f.write_str(m),
+            Error::InvalidArgument(m) | Error::WrongType(m) | Error::Cron(m) => f.write_str(m),
             Error::QueueFull { org, depth, max_depth } => write!(
                 f,
                 "queue full: organization {} has {depth} pending jobs with this call, max_depth is {max_depth}; nothing was written",
@@ -95,6 +97,12 @@ impl Error {
 
     pub fn invalid(msg: impl Into<String>) -> Self {
         Error::InvalidArgument(msg.into())
+    }
+}
+
+impl From<crate::cron::CronError> for Error {
+    fn from(e: crate::cron::CronError) -> Self {
+        Error::Cron(e.message)
     }
 }
 

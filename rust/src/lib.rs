@@ -1,10 +1,12 @@
 //! gnl native core: the store engines, claims, fair lanes, leases and their renewal timers,
-//! batched writes and list cursors. Nothing outside `py` imports pyo3, so `cargo test` runs
-//! without Python.
+//! batched writes and list cursors; cron and misfire arithmetic. Nothing outside `py` imports
+//! pyo3, so `cargo test` runs without Python.
 
+pub mod cron;
 pub mod cursor;
 pub mod error;
 pub mod ids;
+pub mod misfire;
 pub mod model;
 pub mod retry;
 pub mod store;

@@ -7,6 +7,7 @@ use crate::error::Error;
 
 pyo3::import_exception!(gnl.errors, GnlError);
 pyo3::import_exception!(gnl.errors, InvalidArgumentError);
+pyo3::import_exception!(gnl.errors, CronError);
 pyo3::import_exception!(gnl.errors, InvalidJobError);
 pyo3::import_exception!(gnl.errors, QueueFullError);
 pyo3::import_exception!(gnl.errors, StoreUnavailableError);
@@ -20,6 +21,7 @@ pub fn to_py(e: Error) -> PyErr {
     match e {
         Error::InvalidArgument(_) => InvalidArgumentError::new_err(msg),
         Error::WrongType(_) => PyTypeError::new_err(msg),
+        Error::Cron(_) => CronError::new_err(msg),
         Error::QueueFull {
             org,
             depth,

@@ -2,6 +2,7 @@
 //! lives in the pyo3-free modules. Every awaitable runs its work in a tokio task, so a Rust
 //! panic becomes a `gnl.GnlError` instead of reaching the user.
 
+mod cron;
 mod errors;
 mod jobs;
 mod json;
@@ -629,6 +630,7 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(job_run_id, m)?)?;
     m.add_function(wrap_pyfunction!(default_retry_delay_ms, m)?)?;
     m.add_function(wrap_pyfunction!(quiesce, m)?)?;
+    cron::register(m)?;
     m.add("SCHEMA_VERSION", store::latest_version("sqlite"))?;
     Ok(())
 }
