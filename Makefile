@@ -38,7 +38,7 @@ lint: deps
 	$(VENV)/bin/ruff format --check python tests benches
 	$(VENV)/bin/mypy
 	cargo fmt --check
-	cargo clippy --all-targets -- -D warnings
+	PYO3_PYTHON=$(abspath $(PY)) cargo clippy --all-targets --features python -- -D warnings
 
 # The user guide (mkdocs.yml, docs/) into site/; --strict fails on any warning (a broken link or
 # reference). Its Python examples run in the test suite (tests/test_guide.py).
