@@ -8,11 +8,19 @@ a row lock on a server, a Postgres role with a 1 ms ``lock_timeout``, a handler 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import sys
+import uuid
+from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import conftest
 import gnl
 from gnl import _native
 
@@ -59,3 +67,93 @@ async def test_steps_do_not_cross_from_a_no_org_job_to_an_org_job(storage: gnl.S
     assert seen[("acme", "inv-1")][1] == "tenant acme, invoice 1"
     assert seen[(None, "acme:inv-1")][1] == "no-org job"
     assert seen[("acme", "inv-1")][0] != seen[(None, "acme:inv-1")][0]
+
+
+# --------------------------------------------------------------------------------------------
+# Finding 8: a store URL shown to people never shows its password
+
+SECRET = "s3cr3t-pw"
+
+
+def _with_password(url: str, user: str) -> str:
+    """``url`` (a server URL of the suite) with ``user:SECRET@`` as its credentials."""
+    parts = urlsplit(url)
+    netloc = f"{user}:{SECRET}@{parts.hostname}:{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+@contextlib.contextmanager
+def _user_with_password(backend: str, url: str) -> Iterator[str]:
+    """A user of ``backend`` whose password is SECRET, with every right on ``url``'s database
+    (Postgres: the suite's servers trust local connections, so the user of ``url`` will do)."""
+    if backend == "postgres":
+        yield urlsplit(url).username or "postgres"
+        return
+    db = urlsplit(url).path.lstrip("/")
+    user = f"gnl_pw_{uuid.uuid4().hex[:8]}"
+    server = conftest._server("mysql")
+    assert not isinstance(server, str)
+    r = server._sql(
+        f"CREATE USER '{user}'@'%' IDENTIFIED BY '{SECRET}'; GRANT ALL ON `{db}`.* TO '{user}'@'%'"
+    )
+    assert r.returncode == 0, r.stderr
+    try:
+        yield user
+    finally:
+        server._sql(f"DROP USER IF EXISTS '{user}'@'%'")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"postgress://bob:{SECRET}@db.example/prod",
+        f"mysqll://bob:{SECRET}@db.example/prod",
+        f"redis://:{SECRET}@cache.example:6379/0",
+    ],
+)
+async def test_unsupported_urls_are_refused_without_their_password(url: str) -> None:
+    with pytest.raises(gnl.InvalidArgumentError) as e:
+        await gnl.connect(url)
+    assert SECRET not in str(e.value) and "***" in str(e.value)
+    with pytest.raises(gnl.InvalidArgumentError) as e:
+        await gnl.upgrade(url)
+    assert SECRET not in str(e.value)
+
+
+@pytest.mark.parametrize("backend", ["postgres", "mysql"])
+async def test_errors_and_reprs_do_not_show_the_password(
+    backend: str, store_url: Callable[[], str]
+) -> None:
+    url = store_url()
+    with _user_with_password(backend, url) as user:
+        secret_url = _with_password(url, user)
+        shown: list[str] = []
+        # An empty store opened without create: SchemaOutdatedError names `gnl upgrade <url>`.
+        with pytest.raises(gnl.SchemaOutdatedError) as e:
+            await gnl.connect(secret_url, create=False)
+        shown.append(str(e.value))
+        assert "gnl upgrade" in shown[-1] and f"{user}:***@" in shown[-1]
+        # A refused connection, a bad option, a bad password.
+        refused = secret_url.replace(f":{urlsplit(url).port}/", ":1/")
+        for bad in (refused, secret_url + "?sslmode=bogus&ssl-mode=bogus"):
+            with pytest.raises(gnl.GnlError) as e:
+                await gnl.connect(bad)
+            shown.append(str(e.value))
+        async with await gnl.connect(secret_url) as st:
+            shown.append(repr(st))
+            assert f"{user}:***@" in shown[-1]
+            assert st.url == secret_url  # the attribute is what was passed (used to connect)
+        cli = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "gnl",
+            "upgrade",
+            secret_url,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        out, _ = await asyncio.wait_for(cli.communicate(), 60)
+        assert cli.returncode == 0, out
+        shown.append(out.decode())
+        for text in shown:
+            assert SECRET not in text, text

@@ -24,6 +24,8 @@ from rich.table import Table
 
 import gnl
 
+from . import _native
+
 __all__ = ["cli", "main"]
 
 T = TypeVar("T")
@@ -132,7 +134,7 @@ def upgrade(url_arg: str | None, url: str | None) -> None:
     """Bring the store at URL to the current schema (idempotent)."""
     target = _need_url(url_arg or url)
     version = _run(lambda: gnl.upgrade(target))
-    click.echo(f"{target}: schema version {version}")
+    click.echo(f"{_native.redact_url(target)}: schema version {version}")
 
 
 # -- demo -----------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ pub enum Error {
         message: String,
         code: Option<String>,
     },
-    /// The store's schema is older than this package.
+    /// The store's schema is older than this package (`url` is shown: password redacted).
     SchemaOutdated {
         found: i64,
         expected: i64,

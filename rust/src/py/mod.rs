@@ -599,6 +599,12 @@ fn job_run_id(org_id: Option<&str>, id: &str) -> String {
     crate::ids::job_run_id(org_id.unwrap_or(""), id)
 }
 
+/// `url` as it may be shown to people: its password replaced by `***`.
+#[pyfunction]
+fn redact_url(url: &str) -> String {
+    crate::store::url::redact(url)
+}
+
 /// The default retry delay (ms) after failed attempt `attempt`, with jitter.
 #[pyfunction]
 fn default_retry_delay_ms(attempt: i64) -> i64 {
@@ -628,6 +634,7 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(upgrade, m)?)?;
     m.add_function(wrap_pyfunction!(encode_json, m)?)?;
     m.add_function(wrap_pyfunction!(job_run_id, m)?)?;
+    m.add_function(wrap_pyfunction!(redact_url, m)?)?;
     m.add_function(wrap_pyfunction!(default_retry_delay_ms, m)?)?;
     m.add_function(wrap_pyfunction!(quiesce, m)?)?;
     cron::register(m)?;
