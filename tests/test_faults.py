@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -22,6 +23,7 @@ from hypothesis import strategies as st
 
 import conftest
 import gnl
+from _support import job_state, sqlite_outage, wait_for
 from gnl import _native
 
 # --------------------------------------------------------------------------------------------
@@ -157,3 +159,47 @@ async def test_errors_and_reprs_do_not_show_the_password(
         shown.append(out.decode())
         for text in shown:
             assert SECRET not in text, text
+
+
+# --------------------------------------------------------------------------------------------
+# Finding 2: per-attempt state is keyed by (seq, token): a lost lease does not chain into
+# overlapping runs of one job
+
+
+@pytest.mark.parametrize("backend", ["sqlite"])
+async def test_a_store_outage_does_not_make_overlapping_runs(storage: gnl.Storage) -> None:
+    # The review's reproduction: a handler that ignores its signal, a 2 s outage (another
+    # process holds SQLite's write lock) that outlasts the lease.
+    runs: list[list[float]] = []  # [start, end] per run, in start order
+    job_id = await gnl.enqueue(storage, "slow", None)
+    loop = asyncio.get_running_loop()
+
+    async def slow(payload: Any, ctx: gnl.JobContext) -> dict[str, int]:
+        run = [loop.time(), math.inf]
+        runs.append(run)
+        await asyncio.sleep(3)  # ignores ctx.signal
+        run[1] = loop.time()
+        return {"attempt": ctx.attempt}
+
+    w = gnl.create_worker(storage, {"slow": slow}, ttl_ms=900, concurrency=2, poll_ms=20)
+    w.start()
+    try:
+        await wait_for(lambda: len(runs) == 1, what="the first run")
+        outage = await sqlite_outage(storage.url, 2.0)
+        await outage.wait()
+        await wait_for(lambda: bool(runs) and runs[-1][1] < math.inf, timeout=30, what="a run")
+
+        async def finished() -> bool:
+            return await job_state(storage, job_id) not in ("pending", "running")
+
+        await wait_for(finished, timeout=30, what="the outcome")
+    finally:
+        await w.stop()
+    job = await gnl.get_job(storage, job_id)
+    assert job is not None
+    # One run lost its lease in the outage; the next one (after it) is the one recorded.
+    assert job.state == "done", job
+    assert len(runs) <= 2, runs
+    assert job.result == {"attempt": job.attempts}
+    for a, b in zip(runs, runs[1:], strict=False):
+        assert b[0] >= a[1], f"two runs of one job at once: {runs}"

@@ -65,7 +65,7 @@ class NativeWorker:
         owner: str,
         ttl_ms: int,
         max_attempts: int,
-        on_revoke: Callable[[int, str], None],
+        on_revoke: Callable[[int, int, str], None],
         on_log: Callable[[str], None],
         event_loop: Any,
     ) -> NativeWorker: ...

@@ -34,6 +34,9 @@ Handler = Callable[[Any, "JobContext"], Awaitable[Any]]
 
 #: A claimed job: (seq, token, org_id, id, type, payload_json, attempt).
 ClaimedJob = tuple[int, int, str | None, str, str, str, int]
+#: One attempt of a job: (seq, fencing token). A job this worker claims again after its lease
+#: was lost is a new attempt (a new token): per-attempt state is keyed by both.
+Attempt = tuple[int, int]
 
 #: The weight of the newest sample in the moving averages of handler and claim times.
 _EWMA = 0.2
@@ -187,12 +190,15 @@ class Worker:
         self._native: _native.NativeWorker | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_task: asyncio.Task[None] | None = None
-        self._tasks: dict[int, asyncio.Task[None]] = {}
-        self._active: dict[int, JobContext] = {}
+        self._tasks: dict[Attempt, asyncio.Task[None]] = {}
+        self._active: dict[Attempt, JobContext] = {}
+        # The seqs of the running attempts: a job claimed again while an earlier attempt of it
+        # still runs here (its lease was lost, its handler ignores the signal) waits for it.
+        self._running: set[int] = set()
         # Jobs claimed ahead (prefetched), not started yet, in claim order; and the
-        # revocations (seq -> why) that reached some of them before they started.
+        # revocations (attempt -> why) that reached some of them before they started.
         self._ready: deque[ClaimedJob] = deque()
-        self._revoked: dict[int, str] = {}
+        self._revoked: dict[Attempt, str] = {}
         self._slot = asyncio.Event()
         self._wake = asyncio.Event()
         self._stopping = False
@@ -311,8 +317,9 @@ class Worker:
                 continue
             await asyncio.gather(*self._tasks.values(), return_exceptions=True)
             # A task cancelled before its first step never ran _run's cleanup.
-            for seq in [q for q, t in self._tasks.items() if t.done()]:
-                del self._tasks[seq]
+            for key in [k for k, t in self._tasks.items() if t.done()]:
+                del self._tasks[key]
+                self._running.discard(key[0])
         if self._native is not None:
             try:
                 await self._native.flush()
@@ -434,15 +441,25 @@ class Worker:
     # -- running one job -----------------------------------------------------------------
 
     def _fill(self) -> None:
-        """Start jobs claimed ahead while slots are free."""
+        """Start jobs claimed ahead while slots are free, in claim order; a job with an
+        attempt still running here waits for it to end."""
         ready = self._ready
+        running = self._running
+        waiting: list[ClaimedJob] = []
         while ready and len(self._tasks) < self.concurrency:
-            self._start(ready.popleft())
+            job = ready.popleft()
+            if job[0] in running:
+                waiting.append(job)
+            else:
+                self._start(job)
+        if waiting:
+            ready.extendleft(reversed(waiting))
 
     def _start(self, job: ClaimedJob) -> None:
         seq = job[0]
+        key = (seq, job[1])
         if self._revoked:
-            why = self._revoked.pop(seq, None)
+            why = self._revoked.pop(key, None)
             if why is not None:
                 # Revoked before it started: its handler never runs. A canceled job is
                 # recorded as canceled; a lost lease is no longer ours to write.
@@ -454,13 +471,15 @@ class Worker:
         ctx = JobContext(
             self._storage._native, self._storage.journal, job[3], job[4], job[2], job[6]
         )
-        self._active[seq] = ctx
+        self._active[key] = ctx
         assert self._loop is not None
         task = self._loop.create_task(self._run(job, ctx))
-        self._tasks[seq] = task
+        self._tasks[key] = task
+        self._running.add(seq)
 
     async def _run(self, job: ClaimedJob, ctx: JobContext) -> None:
         seq, token, _, _, typ, payload_json, attempt = job
+        key = (seq, token)
         native = self._native
         loop = self._loop
         assert native is not None and loop is not None
@@ -489,8 +508,9 @@ class Worker:
             # job is reclaimed. No job starts in its place.
             if ctx._timer is not None:
                 ctx._timer.cancel()
-            self._active.pop(seq, None)
-            self._tasks.pop(seq, None)
+            self._active.pop(key, None)
+            self._tasks.pop(key, None)
+            self._running.discard(seq)
             raise
         except Exception as e:  # noqa: BLE001 - a handler's failure is data, not a crash
             reason = ctx.signal.reason
@@ -504,7 +524,7 @@ class Worker:
                 error = f"{type(e).__name__}: {e}"
         if ctx._timer is not None:
             ctx._timer.cancel()
-        self._active.pop(seq, None)
+        self._active.pop(key, None)
         try:
             dt = loop.time() - t0
             hold = self._hold_s
@@ -517,7 +537,8 @@ class Worker:
             self._outcome_queued()
         finally:
             # The slot is free: the next job claimed ahead starts at once.
-            del self._tasks[seq]
+            self._tasks.pop(key, None)
+            self._running.discard(seq)
             if self._ready:
                 self._fill()
             self._slot.set()
@@ -559,14 +580,15 @@ class Worker:
 
     # -- revocation ----------------------------------------------------------------------
 
-    def _on_revoke(self, seq: int, why: str) -> None:
-        ctx = self._active.get(seq)
+    def _on_revoke(self, seq: int, token: int, why: str) -> None:
+        key = (seq, token)
+        ctx = self._active.get(key)
         if ctx is not None:
             self._revoke(ctx, why)
-        elif any(j[0] == seq for j in self._ready):
+        elif any(j[0] == seq and j[1] == token for j in self._ready):
             # Claimed ahead, not started: _start sees it. A lost lease wins over a cancel.
-            if why == "lease-lost" or seq not in self._revoked:
-                self._revoked[seq] = why
+            if why == "lease-lost" or key not in self._revoked:
+                self._revoked[key] = why
 
     def _revoke(self, ctx: JobContext, why: str) -> None:
         if ctx.signal.aborted:

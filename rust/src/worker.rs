@@ -12,7 +12,7 @@
 //!   matter. `flush()` writes what is waiting and waits for the writes in flight.
 //! * A renewal task extends every held lease each `ttl_ms/3`, off the Python thread. A lease
 //!   that the store says is not ours, or three renewals in a row that fail, reach the Python
-//!   side through `on_revoke(seq, why)`; so does a `cancel_job` of a running job.
+//!   side through `on_revoke(seq, token, why)`; so does a `cancel_job` of a running job.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,8 +26,14 @@ use crate::error::{Error, Result};
 use crate::model::{ClaimRequest, ClaimedJob, LeaseRef, Outcome, RenewStatus};
 use crate::store::{self, Store};
 
-/// Called (from a tokio thread) when a held job must stop: `why` is "lease-lost" or "canceled".
-pub type RevokeFn = Arc<dyn Fn(i64, &'static str) + Send + Sync>;
+/// Called (from a tokio thread) when a held attempt `(seq, token)` must stop: `why` is
+/// "lease-lost" or "canceled".
+pub type RevokeFn = Arc<dyn Fn(i64, i64, &'static str) + Send + Sync>;
+
+/// One attempt of a job: (seq, fencing token). A job the same worker claims again (its lease
+/// was lost, then reclaimed) is a new attempt with a new token, so every per-attempt record
+/// is keyed by both: the old attempt's end never touches the new one's.
+pub type Attempt = (i64, i64);
 /// Called (from a tokio thread) to report a store problem a loop carries on through.
 pub type LogFn = Arc<dyn Fn(String) + Send + Sync>;
 
@@ -43,12 +49,10 @@ struct Shared {
     req: ClaimRequest,
     /// The last claim came back full (jobs are likely due: the next one skips the probe).
     full: AtomicBool,
-    /// Held leases: seq -> fencing token.
-    held: Mutex<HashMap<i64, i64>>,
-    /// The organization of every job claimed and not finished yet: seq -> org.
-    orgs: Mutex<HashMap<i64, String>>,
-    /// Seqs whose cancel has been reported already.
-    cancel_told: Mutex<HashSet<i64>>,
+    /// Held leases: attempt -> the job's organization.
+    held: Mutex<HashMap<Attempt, String>>,
+    /// Attempts whose cancel has been reported already.
+    cancel_told: Mutex<HashSet<Attempt>>,
     /// Outcomes waiting to be written.
     pending: Mutex<Vec<Outcome>>,
     /// An outcome was queued (the writer writes it after `WRITE_AFTER`).
@@ -82,7 +86,6 @@ impl WorkerCore {
             req,
             full: AtomicBool::new(false),
             held: Mutex::new(HashMap::new()),
-            orgs: Mutex::new(HashMap::new()),
             cancel_told: Mutex::new(HashSet::new()),
             pending: Mutex::new(Vec::new()),
             queued: Notify::new(),
@@ -104,19 +107,18 @@ impl WorkerCore {
         claim(self.shared.clone(), n).await
     }
 
-    /// The organization of a claimed job that is not finished yet ("" when unknown).
-    pub fn org_of(&self, seq: i64) -> String {
-        let orgs = self.shared.orgs.lock().unwrap();
-        orgs.get(&seq).cloned().unwrap_or_default()
+    /// The organization of a claimed attempt that is not finished yet ("" when unknown).
+    pub fn org_of(&self, seq: i64, token: i64) -> String {
+        let held = self.shared.held.lock().unwrap();
+        held.get(&(seq, token)).cloned().unwrap_or_default()
     }
 
     /// Queue the outcome of an attempt; the lease stops being renewed now.
     pub fn finish(&self, outcome: Outcome) {
         let s = &self.shared;
-        let seq = outcome.seq();
-        s.held.lock().unwrap().remove(&seq);
-        s.orgs.lock().unwrap().remove(&seq);
-        s.cancel_told.lock().unwrap().remove(&seq);
+        let attempt = outcome.attempt();
+        s.held.lock().unwrap().remove(&attempt);
+        s.cancel_told.lock().unwrap().remove(&attempt);
         s.pending.lock().unwrap().push(outcome);
         s.queued.notify_one();
     }
@@ -184,10 +186,8 @@ async fn claim(s: Arc<Shared>, n: usize) -> Result<Vec<ClaimedJob>> {
         Ok(jobs) => {
             s.full.store(n > 0 && jobs.len() == n, Ordering::Relaxed);
             let mut held = s.held.lock().unwrap();
-            let mut orgs = s.orgs.lock().unwrap();
             for j in &jobs {
-                held.insert(j.seq, j.token);
-                orgs.insert(j.seq, j.org.clone());
+                held.insert((j.seq, j.token), j.org.clone());
             }
             Ok(jobs)
         }
@@ -286,12 +286,11 @@ async fn renew_loop(s: Arc<Shared>) {
         tick.tick().await;
         let leases: Vec<LeaseRef> = {
             let held = s.held.lock().unwrap();
-            let orgs = s.orgs.lock().unwrap();
             held.iter()
-                .map(|(seq, token)| LeaseRef {
-                    seq: *seq,
-                    token: *token,
-                    org: orgs.get(seq).cloned().unwrap_or_default(),
+                .map(|(&(seq, token), org)| LeaseRef {
+                    seq,
+                    token,
+                    org: org.clone(),
                 })
                 .collect()
         };
@@ -319,22 +318,16 @@ async fn renew_loop(s: Arc<Shared>) {
                     match st {
                         RenewStatus::Held => {}
                         RenewStatus::CancelRequested => {
-                            if s.cancel_told.lock().unwrap().insert(l.seq) {
-                                (s.on_revoke)(l.seq, "canceled");
+                            if s.cancel_told.lock().unwrap().insert((l.seq, l.token)) {
+                                (s.on_revoke)(l.seq, l.token, "canceled");
                             }
                         }
                         RenewStatus::Lost => {
-                            let was_ours = {
-                                let mut held = s.held.lock().unwrap();
-                                if held.get(&l.seq) == Some(&l.token) {
-                                    held.remove(&l.seq);
-                                    true
-                                } else {
-                                    false // finished meanwhile
-                                }
-                            };
+                            // Not there any more: finished meanwhile.
+                            let was_ours =
+                                s.held.lock().unwrap().remove(&(l.seq, l.token)).is_some();
                             if was_ours {
-                                (s.on_revoke)(l.seq, "lease-lost");
+                                (s.on_revoke)(l.seq, l.token, "lease-lost");
                             }
                         }
                     }
@@ -346,20 +339,16 @@ async fn renew_loop(s: Arc<Shared>) {
                     "gnl worker: lease renewal failed ({failures} in a row, {MAX_RENEW_FAILURES} allowed): {e}"
                 ));
                 if failures >= MAX_RENEW_FAILURES {
-                    let lost: Vec<i64> = {
+                    let lost: Vec<Attempt> = {
                         let mut held = s.held.lock().unwrap();
-                        let seqs: Vec<i64> = leases
+                        leases
                             .iter()
-                            .map(|l| l.seq)
-                            .filter(|q| held.contains_key(q))
-                            .collect();
-                        for q in &seqs {
-                            held.remove(q);
-                        }
-                        seqs
+                            .map(|l| (l.seq, l.token))
+                            .filter(|a| held.remove(a).is_some())
+                            .collect()
                     };
-                    for q in lost {
-                        (s.on_revoke)(q, "lease-lost");
+                    for (seq, token) in lost {
+                        (s.on_revoke)(seq, token, "lease-lost");
                     }
                     failures = 0;
                 }

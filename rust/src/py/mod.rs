@@ -412,7 +412,7 @@ impl NativeWorker {
 
 #[pymethods]
 impl NativeWorker {
-    /// `on_revoke(seq, why)` is scheduled on `loop` with `call_soon_threadsafe`;
+    /// `on_revoke(seq, token, why)` is scheduled on `loop` with `call_soon_threadsafe`;
     /// `on_log(message)` is called from a native thread.
     #[new]
     #[pyo3(signature = (store, owner, ttl_ms, max_attempts, on_revoke, on_log, event_loop))]
@@ -428,13 +428,13 @@ impl NativeWorker {
         crate::validate::duration_ms("ttl_ms", ttl_ms, 3).map_err(to_py)?;
         crate::validate::count("max_attempts", max_attempts, 1).map_err(to_py)?;
         // Native threads enter Python only through `with_python` (see `quiesce`).
-        let revoke = Arc::new(move |seq: i64, why: &'static str| {
+        let revoke = Arc::new(move |seq: i64, token: i64, why: &'static str| {
             with_python(|py| {
                 // A closed loop means the worker is gone; nothing is left to tell.
                 let _ = event_loop.call_method1(
                     py,
                     "call_soon_threadsafe",
-                    (on_revoke.clone_ref(py), seq, why),
+                    (on_revoke.clone_ref(py), seq, token, why),
                 );
             });
         });
@@ -496,7 +496,7 @@ impl NativeWorker {
         core.finish(Outcome::Done {
             seq,
             token,
-            org: core.org_of(seq),
+            org: core.org_of(seq, token),
             result: text,
         });
         Ok(())
@@ -522,7 +522,7 @@ impl NativeWorker {
         core.finish(Outcome::Failed {
             seq,
             token,
-            org: core.org_of(seq),
+            org: core.org_of(seq, token),
             error,
             delay_ms: delay,
         });
