@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 import conftest
 import gnl
-from _support import job_state, sqlite_outage, wait_for
+from _support import job_state, noop, sqlite_outage, wait_for
 from gnl import _native
 
 # --------------------------------------------------------------------------------------------
@@ -203,3 +203,91 @@ async def test_a_store_outage_does_not_make_overlapping_runs(storage: gnl.Storag
     assert job.result == {"attempt": job.attempts}
     for a, b in zip(runs, runs[1:], strict=False):
         assert b[0] >= a[1], f"two runs of one job at once: {runs}"
+
+
+# --------------------------------------------------------------------------------------------
+# Finding 3: however a handler's task ends, its lease leaves the renewal set, its slot is freed
+# and its job gets an outcome (or its lease lapses and it is reclaimed)
+
+
+async def test_a_handler_raising_cancelled_error_fails_its_attempt(storage: gnl.Storage) -> None:
+    ran: list[tuple[str, int]] = []
+
+    async def handler(payload: Any, ctx: gnl.JobContext) -> str:
+        ran.append((payload, ctx.attempt))
+        if payload == "a" and ctx.attempt == 1:
+            # The common way: cancel a task it started and await it unguarded.
+            t = asyncio.ensure_future(asyncio.sleep(10))
+            t.cancel()
+            await t
+        return payload
+
+    a = await gnl.enqueue(storage, "t", "a")
+    b = await gnl.enqueue(storage, "t", "b")
+    w = gnl.create_worker(
+        storage, {"t": handler}, ttl_ms=300, poll_ms=20, concurrency=1, retry_delay_ms=0
+    )
+    async with w:
+
+        async def both_done() -> bool:
+            return [await job_state(storage, j) for j in (a, b)] == ["done", "done"]
+
+        await wait_for(both_done, timeout=20, what="both jobs done")
+    job = await gnl.get_job(storage, a)
+    assert job is not None and job.attempts == 2
+    assert job.last_error is not None and "CancelledError" in job.last_error
+    assert sorted(ran) == [("a", 1), ("a", 2), ("b", 1)]
+
+
+async def test_a_timed_out_stop_lets_its_leases_go(storage: gnl.Storage) -> None:
+    started = asyncio.Event()
+
+    async def slow(payload: Any, ctx: gnl.JobContext) -> None:
+        started.set()
+        await asyncio.sleep(payload)
+
+    job_id = await gnl.enqueue(storage, "t", 1.0)
+    w = gnl.create_worker(storage, {"t": slow}, ttl_ms=300, poll_ms=20, retry_delay_ms=0)
+    w.start()
+    await asyncio.wait_for(started.wait(), 10)
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(w.stop(), 0.1)
+    assert not w.running
+    # Nothing renews the lease any more: another worker gets the job and finishes it.
+    await storage_done_by_another_worker(storage, job_id, {"t": noop})
+
+
+async def storage_done_by_another_worker(
+    storage: gnl.Storage, job_id: str, handlers: dict[str, gnl.Handler]
+) -> None:
+    other = gnl.create_worker(storage, handlers, ttl_ms=300, poll_ms=20, retry_delay_ms=0)
+    async with other:
+
+        async def done() -> bool:
+            return await job_state(storage, job_id) == "done"
+
+        await wait_for(done, timeout=10, what="the job done by another worker")
+
+
+def test_a_worker_whose_loop_ends_lets_its_leases_go(store_url: Callable[[], str]) -> None:
+    url = store_url()
+
+    async def slow(payload: Any, ctx: gnl.JobContext) -> None:
+        await asyncio.sleep(30)
+
+    async def abandon() -> str:
+        # asyncio.run() ends while the worker runs a handler; the process carries on.
+        st = await gnl.connect(url)
+        job_id = await gnl.enqueue(st, "t", None)
+        w = gnl.create_worker(st, {"t": slow}, ttl_ms=300, poll_ms=20)
+        w.start()
+        await wait_for(lambda: w._tasks, what="the handler running")
+        return job_id
+
+    job_id = asyncio.run(abandon())
+
+    async def reclaim() -> None:
+        async with await gnl.connect(url) as st:
+            await storage_done_by_another_worker(st, job_id, {"t": noop})
+
+    asyncio.run(reclaim())

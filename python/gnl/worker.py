@@ -7,6 +7,7 @@ native (``gnl._native.NativeWorker``); this module runs handlers and keeps the p
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -190,7 +191,7 @@ class Worker:
         self._native: _native.NativeWorker | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_task: asyncio.Task[None] | None = None
-        self._tasks: dict[Attempt, asyncio.Task[None]] = {}
+        self._tasks: dict[Attempt, asyncio.Task[tuple[bool, Any]]] = {}
         self._active: dict[Attempt, JobContext] = {}
         # The seqs of the running attempts: a job claimed again while an earlier attempt of it
         # still runs here (its lease was lost, its handler ignores the signal) waits for it.
@@ -248,8 +249,22 @@ class Worker:
         self._ensure_native()
         self._stopping = False
         self._loop_task = asyncio.get_running_loop().create_task(
-            self._pump(drain=False), name=f"gnl-worker-{self.name}"
+            self._serve(), name=f"gnl-worker-{self.name}"
         )
+
+    async def _serve(self) -> None:
+        try:
+            await self._pump(drain=False)
+        except asyncio.CancelledError:
+            # The loop is torn down (or stop() was cancelled): renewals end with the native
+            # half, so the leases of the handlers still running lapse and are reclaimed.
+            self._close_native()
+            raise
+
+    def _close_native(self) -> None:
+        if self._native is not None:
+            self._native.close()
+            self._native = None
 
     async def stop(self) -> None:
         """Stop claiming, wait for the handlers of the jobs this worker has claimed (running,
@@ -258,13 +273,15 @@ class Worker:
         self._stopping = True
         self._wake.set()
         self._slot.set()
-        if self._loop_task is not None:
-            await self._loop_task
+        try:
+            if self._loop_task is not None:
+                await self._loop_task
+            await self._settle()
+        finally:
+            # Also when stop() is cancelled (a timed-out ``wait_for``): the renewals end, and
+            # the leases of handlers still running lapse.
             self._loop_task = None
-        await self._settle()
-        if self._native is not None:
-            self._native.close()
-            self._native = None
+            self._close_native()
 
     async def __aenter__(self) -> Worker:
         self.start()
@@ -302,8 +319,7 @@ class Worker:
             await self._settle()
             # The native half belongs to this loop: a later drain() or start() may run on
             # another one (a new asyncio.run).
-            native.close()
-            self._native = None
+            self._close_native()
             self._draining = False
         c = self._counts
         return DrainResult(c[0] - before[0], c[1] - before[1], c[2] - before[2])
@@ -316,10 +332,6 @@ class Worker:
                 self._fill()
                 continue
             await asyncio.gather(*self._tasks.values(), return_exceptions=True)
-            # A task cancelled before its first step never ran _run's cleanup.
-            for key in [k for k, t in self._tasks.items() if t.done()]:
-                del self._tasks[key]
-                self._running.discard(key[0])
         if self._native is not None:
             try:
                 await self._native.flush()
@@ -458,60 +470,48 @@ class Worker:
     def _start(self, job: ClaimedJob) -> None:
         seq = job[0]
         key = (seq, job[1])
+        native = self._native
+        assert native is not None and self._loop is not None
         if self._revoked:
             why = self._revoked.pop(key, None)
             if why is not None:
                 # Revoked before it started: its handler never runs. A canceled job is
                 # recorded as canceled; a lost lease is no longer ours to write.
                 if why == "canceled":
-                    assert self._native is not None
-                    self._native.done(seq, job[1], None)
+                    native.done(seq, job[1], None)
                     self._outcome_queued()
                 return
         ctx = JobContext(
             self._storage._native, self._storage.journal, job[3], job[4], job[2], job[6]
         )
+        if self.max_hold_ms is not None:
+            ctx._timer = self._loop.call_later(
+                self.max_hold_ms / 1000, self._revoke, ctx, "timeout"
+            )
         self._active[key] = ctx
-        assert self._loop is not None
         task = self._loop.create_task(self._run(job, ctx))
         self._tasks[key] = task
         self._running.add(seq)
+        self._counts[0] += 1
+        # The one cleanup path, however the task ends: returned, raised, cancelled (by the
+        # handler itself, a timed-out stop(), the loop torn down), even before its first step.
+        task.add_done_callback(functools.partial(self._ended, job, ctx, native, self._loop.time()))
 
-    async def _run(self, job: ClaimedJob, ctx: JobContext) -> None:
-        seq, token, _, _, typ, payload_json, attempt = job
-        key = (seq, token)
-        native = self._native
-        loop = self._loop
-        assert native is not None and loop is not None
-        if self.max_hold_ms is not None:
-            ctx._timer = loop.call_later(self.max_hold_ms / 1000, self._revoke, ctx, "timeout")
-        counts = self._counts
-        counts[0] += 1
-        error: str | None = None
-        t0 = loop.time()
+    async def _run(self, job: ClaimedJob, ctx: JobContext) -> tuple[bool, Any]:
+        """Run the handler: ``(True, result)`` when it returned, ``(False, error)`` when the
+        attempt failed. A cancellation of the task itself propagates (see ``_ended``)."""
+        typ, payload_json = job[4], job[5]
+        handler = self._handlers.get(typ)
+        if handler is None:
+            return False, f"no handler for job type {typ!r} on worker {self.name!r}"
         try:
-            handler = self._handlers.get(typ)
-            if handler is None:
-                error = f"no handler for job type {typ!r} on worker {self.name!r}"
-            else:
-                result = await handler(_decode(payload_json), ctx)
-                reason = ctx.signal.reason
-                if reason is not None and reason.why == "timeout":
-                    error = f"timeout: the handler held the job past max_hold_ms={self.max_hold_ms}"
-                else:
-                    try:
-                        native.done(seq, token, result)
-                    except (TypeError, ValueError) as e:
-                        error = f"{type(e).__name__}: {e}"
+            result = await handler(_decode(payload_json), ctx)
         except asyncio.CancelledError:
-            # The worker's loop is being torn down: record nothing, the lease expires and the
-            # job is reclaimed. No job starts in its place.
-            if ctx._timer is not None:
-                ctx._timer.cancel()
-            self._active.pop(key, None)
-            self._tasks.pop(key, None)
-            self._running.discard(seq)
-            raise
+            task = asyncio.current_task()
+            cancelling = getattr(task, "cancelling", None)
+            if cancelling is None or cancelling():
+                raise  # the task is being cancelled (Python 3.10 cannot tell: treated so)
+            return False, "CancelledError: the handler raised CancelledError"
         except Exception as e:  # noqa: BLE001 - a handler's failure is data, not a crash
             reason = ctx.signal.reason
             if (
@@ -519,29 +519,66 @@ class Worker:
                 and reason is not None
                 and reason.why == "timeout"
             ):
-                error = f"timeout: the handler held the job past max_hold_ms={self.max_hold_ms}"
-            else:
-                error = f"{type(e).__name__}: {e}"
+                return False, self._timed_out()
+            return False, f"{type(e).__name__}: {e}"
+        reason = ctx.signal.reason
+        if reason is not None and reason.why == "timeout":
+            return False, self._timed_out()
+        return True, result
+
+    def _timed_out(self) -> str:
+        return f"timeout: the handler held the job past max_hold_ms={self.max_hold_ms}"
+
+    def _ended(
+        self,
+        job: ClaimedJob,
+        ctx: JobContext,
+        native: _native.NativeWorker,
+        t0: float,
+        task: asyncio.Task[tuple[bool, Any]],
+    ) -> None:
+        seq, token, attempt = job[0], job[1], job[6]
+        key = (seq, token)
         if ctx._timer is not None:
             ctx._timer.cancel()
         self._active.pop(key, None)
-        try:
+        self._tasks.pop(key, None)
+        self._running.discard(seq)
+        delay: int | None = 0
+        if task.cancelled():
+            ok, value = False, "CancelledError: the handler's task was cancelled"
+        elif (exc := task.exception()) is not None:
+            # A BaseException that is no Exception (KeyboardInterrupt, SystemExit, ...).
+            ok, value = False, f"{type(exc).__name__}: {exc}"
+        else:
+            ok, value = task.result()
+            delay = None
+        loop = self._loop
+        if loop is not None:
             dt = loop.time() - t0
             hold = self._hold_s
             self._hold_s = dt if hold is None else hold + _EWMA * (dt - hold)
-            if error is None:
+        counts = self._counts
+        # A closed native half (a stop() that timed out, a loop torn down) records nothing: the
+        # lease is no longer renewed, so it lapses and the job is reclaimed.
+        if native is self._native:
+            if ok:
+                try:
+                    native.done(seq, token, value)
+                except (TypeError, ValueError) as e:
+                    ok, value = False, f"{type(e).__name__}: {e}"
+            if ok:
                 counts[1] += 1
             else:
                 counts[2] += 1
-                native.fail(seq, token, error, attempt, self._retry_delay(attempt))
+                if delay is None:
+                    delay = self._retry_delay(attempt)
+                native.fail(seq, token, value, attempt, delay)
             self._outcome_queued()
-        finally:
-            # The slot is free: the next job claimed ahead starts at once.
-            self._tasks.pop(key, None)
-            self._running.discard(seq)
-            if self._ready:
-                self._fill()
-            self._slot.set()
+        # The slot is free: the next job claimed ahead starts at once.
+        if self._ready and native is self._native:
+            self._fill()
+        self._slot.set()
 
     def _outcome_queued(self) -> None:
         if not self._kick_due:

@@ -63,6 +63,9 @@ struct Shared {
     /// wait for them.
     writes: tokio::sync::RwLock<()>,
     closed: AtomicBool,
+    /// Set by `close`: the loops end at their next wait (never inside a store call: a
+    /// transaction dropped half-way would keep its connection's locks until it is used again).
+    stop: tokio::sync::watch::Sender<bool>,
     on_revoke: RevokeFn,
     log: LogFn,
 }
@@ -92,6 +95,7 @@ impl WorkerCore {
             kicked: Notify::new(),
             writes: tokio::sync::RwLock::new(()),
             closed: AtomicBool::new(false),
+            stop: tokio::sync::watch::channel(false).0,
             on_revoke,
             log,
         });
@@ -157,13 +161,13 @@ impl WorkerCore {
         self.shared.held.lock().unwrap().len()
     }
 
-    /// Stop the timers. Held leases are not released early: they expire (API: `stop` releases
-    /// nothing early), so a job whose handler never finished is reclaimed after `ttl_ms`.
+    /// Stop the timers (each ends at its next wait, after a store call in flight). Held leases
+    /// are not released early: they expire (API: `stop` releases nothing early), so a job
+    /// whose handler never finished is reclaimed after `ttl_ms`.
     pub fn close(&mut self) {
         self.shared.closed.store(true, Ordering::SeqCst);
-        for t in self.tasks.drain(..) {
-            t.abort();
-        }
+        self.shared.stop.send_replace(true);
+        self.tasks.clear();
     }
 }
 
@@ -240,10 +244,17 @@ async fn flush(s: Arc<Shared>) -> Result<usize> {
     }
 }
 
+/// Resolves once `close` was called.
+async fn stopped(s: &Shared) {
+    let mut rx = s.stop.subscribe();
+    let _ = rx.wait_for(|stop| *stop).await;
+}
+
 async fn writer_loop(s: Arc<Shared>) {
     let mut backoff_ms = 50u64;
     loop {
         tokio::select! {
+            _ = stopped(&s) => return,
             _ = s.kicked.notified() => {}
             _ = s.queued.notified() => {
                 // Give a claim the chance to take them; a kick writes at once.
@@ -263,7 +274,10 @@ async fn writer_loop(s: Arc<Shared>) {
                     (s.log)(format!(
                         "gnl worker: writing job outcomes failed, retrying in {backoff_ms} ms: {e}"
                     ));
-                    tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
+                    tokio::select! {
+                        _ = stopped(&s) => return,
+                        _ = tokio::time::sleep(Duration::from_millis(backoff_ms)) => {}
+                    }
                     backoff_ms = (backoff_ms * 2).min(5_000);
                 }
                 Err(e) => {
@@ -283,7 +297,10 @@ async fn renew_loop(s: Arc<Shared>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = stopped(&s) => return,
+            _ = tick.tick() => {}
+        }
         let leases: Vec<LeaseRef> = {
             let held = s.held.lock().unwrap();
             held.iter()
@@ -299,13 +316,15 @@ async fn renew_loop(s: Arc<Shared>) {
             continue;
         }
         // A renewal that hangs (a store stalled on locks) counts as unanswered after one period.
-        let answer = match tokio::time::timeout(
-            every,
-            store::renew(s.store.as_ref(), &leases, s.req.ttl_ms),
-        )
-        .await
-        {
-            Ok(r) => r,
+        // In its own task: one that times out runs on (dropped half-way, its transaction would
+        // keep the connection's locks until the connection is used again).
+        let store = s.store.clone();
+        let (batch, ttl_ms) = (leases.clone(), s.req.ttl_ms);
+        let mut call =
+            tokio::spawn(async move { store::renew(store.as_ref(), &batch, ttl_ms).await });
+        let answer = match tokio::time::timeout(every, &mut call).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(_)) => Err(Error::invalid("the lease renewal task failed")),
             Err(_) => Err(Error::StoreUnavailable {
                 reason: format!("no answer within {} ms", every.as_millis()),
                 code: None,
