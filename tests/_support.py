@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -53,38 +52,3 @@ async def job_state(work: gnl.Storage, job_id: str, org_id: str | None = None) -
 
 async def noop(payload: Any, ctx: gnl.JobContext) -> None:
     return None
-
-
-# The process that holds a SQLite file's write lock (see ``sqlite_outage``).
-_LOCK_HOLDER = """
-import sqlite3, sys, time
-con = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)
-con.execute("BEGIN IMMEDIATE")
-print("locked", flush=True)
-time.sleep(float(sys.argv[2]))
-con.execute("ROLLBACK")
-"""
-
-
-def sqlite_path(url: str) -> str:
-    """The file of a ``sqlite:///`` URL (relative to the working directory, or absolute)."""
-    assert url.startswith("sqlite:///"), url
-    return url[len("sqlite:///") :]
-
-
-async def sqlite_outage(url: str, seconds: float) -> asyncio.subprocess.Process:
-    """Start a store outage of the SQLite store at ``url``: another process takes the file's
-    write lock (``BEGIN IMMEDIATE``) and holds it for ``seconds``. Returns once the lock is
-    held; ``await proc.wait()`` for its end."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        _LOCK_HOLDER,
-        sqlite_path(url),
-        str(seconds),
-        stdout=asyncio.subprocess.PIPE,
-    )
-    assert proc.stdout is not None
-    line = await asyncio.wait_for(proc.stdout.readline(), 30)
-    assert line.strip() == b"locked", line
-    return proc

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import math
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -23,7 +24,16 @@ from hypothesis import strategies as st
 
 import conftest
 import gnl
-from _support import job_state, noop, sqlite_outage, wait_for
+from _faults import (
+    lease_expiry,
+    pg_outage_end,
+    pg_outage_start,
+    row_lock,
+    sql,
+    sqlite_outage,
+    sqlite_path,
+)
+from _support import job_state, noop, wait_for
 from gnl import _native
 
 # --------------------------------------------------------------------------------------------
@@ -291,3 +301,222 @@ def test_a_worker_whose_loop_ends_lets_its_leases_go(store_url: Callable[[], str
             await storage_done_by_another_worker(st, job_id, {"t": noop})
 
     asyncio.run(reclaim())
+
+
+# --------------------------------------------------------------------------------------------
+# Finding 4: outcomes are retried until written or until their lease runs out; stop() raises
+# when it could not write them, never drops them silently
+
+
+async def _stop_during_outage(
+    storage: gnl.Storage, ttl_ms: int, outage_s: float
+) -> tuple[str, BaseException | None]:
+    """A handler returns while its store (Postgres: its database) refuses connections, then
+    ``stop()`` runs; the store comes back after ``outage_s``. The job id, and what stop()
+    raised."""
+    go = asyncio.Event()
+    started = asyncio.Event()
+
+    async def charge(payload: Any, ctx: gnl.JobContext) -> dict[str, bool]:
+        started.set()
+        await go.wait()
+        return {"charged": True}
+
+    job_id = await gnl.enqueue(storage, "charge", None)
+    w = gnl.create_worker(storage, {"charge": charge}, ttl_ms=ttl_ms, poll_ms=20)
+    w.start()
+    await asyncio.wait_for(started.wait(), 10)
+    await pg_outage_start(storage.url)
+    try:
+        go.set()
+        stop = asyncio.ensure_future(w.stop())
+        await asyncio.sleep(outage_s)
+    finally:
+        await pg_outage_end(storage.url)
+    try:
+        await asyncio.wait_for(stop, 60)
+    except gnl.GnlError as e:
+        return job_id, e
+    return job_id, None
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+async def test_an_outage_spanning_stop_writes_the_success_when_the_store_returns(
+    storage: gnl.Storage,
+) -> None:
+    job_id, raised = await _stop_during_outage(storage, ttl_ms=20_000, outage_s=3)
+    assert raised is None, raised
+    job = await gnl.get_job(storage, job_id)
+    assert job is not None
+    assert (job.state, job.result, job.attempts) == ("done", {"charged": True}, 1)
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+async def test_stop_raises_when_an_outcome_outlives_its_lease(storage: gnl.Storage) -> None:
+    job_id, raised = await _stop_during_outage(storage, ttl_ms=1_500, outage_s=4)
+    assert isinstance(raised, gnl.StoreUnavailableError), raised
+    assert "1 job outcome" in str(raised) and "could not be written" in str(raised)
+    # Its lease has lapsed: the job is reclaimed and runs again (it is not lost, nor dead).
+    job = await gnl.get_job(storage, job_id)
+    assert job is not None and job.state in ("running", "pending"), job
+
+
+# --------------------------------------------------------------------------------------------
+# Finding 5: an outcome the store refuses for a while is written once it can be; one poison
+# outcome fails alone
+
+
+@pytest.fixture
+def lock_timeout_role(store_url: Callable[[], str]) -> Iterator[tuple[str, str]]:
+    """A fresh Postgres database owned by a new role whose ``lock_timeout`` is 1 ms: (the
+    role's URL, the admin URL of the database)."""
+    admin_url = store_url()
+    role = f"gnl_lt_{uuid.uuid4().hex[:8]}"
+    server = conftest._server("postgres")
+    assert not isinstance(server, str)
+    db = urlsplit(admin_url).path.lstrip("/")
+    r = server._sql(
+        f"CREATE ROLE {role} LOGIN; ALTER ROLE {role} SET lock_timeout = '1ms'; "
+        f'ALTER DATABASE "{db}" OWNER TO {role}'
+    )
+    assert r.returncode == 0, r.stderr
+    r = subprocess_sql(admin_url, f"GRANT ALL ON SCHEMA public TO {role}")
+    assert r.returncode == 0, r.stderr
+    parts = urlsplit(admin_url)
+    url = urlunsplit((parts.scheme, f"{role}@{parts.hostname}:{parts.port}", parts.path, "", ""))
+    try:
+        yield url, admin_url
+    finally:
+        server._sql(f'ALTER DATABASE "{db}" OWNER TO postgres')
+        server._sql(f"DROP OWNED BY {role} CASCADE")
+        server._sql(f"DROP ROLE IF EXISTS {role}")
+
+
+def subprocess_sql(url: str, statement: str) -> Any:
+    import subprocess
+
+    return subprocess.run(
+        ["psql", url, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-c", statement],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+@pytest.mark.parametrize("backend", ["postgres"])
+async def test_an_outcome_waits_out_a_lock_timeout(lock_timeout_role: tuple[str, str]) -> None:
+    url, admin_url = lock_timeout_role
+    runs: list[int] = []
+    locked = asyncio.Event()
+    async with await gnl.connect(url) as st:
+        job_id = await gnl.enqueue(st, "t", None)
+
+        async def handler(payload: Any, ctx: gnl.JobContext) -> str:
+            runs.append(ctx.attempt)
+            await locked.wait()  # returns while another session holds the job's row lock
+            return "written"
+
+        # concurrency 2: the claim loop polls meanwhile, so the native writer writes it.
+        w = gnl.create_worker(st, {"t": handler}, ttl_ms=8_000, poll_ms=20, concurrency=2)
+        async with w:
+            await wait_for(lambda: runs, what="the handler running")
+            holder = await row_lock("postgres", admin_url, job_id, 2.0)
+            locked.set()
+            await holder.wait()
+
+            async def done() -> bool:
+                return await job_state(st, job_id) == "done"
+
+            await wait_for(done, timeout=30, what="the outcome written")
+        job = await gnl.get_job(st, job_id)
+        assert job is not None and (job.result, job.attempts) == ("written", 1)
+        assert runs == [1]
+
+
+# A rule of the database that refuses one outcome's data: a job's result "poison".
+_POISON_RULE = {
+    "sqlite": "CREATE TRIGGER no_poison BEFORE UPDATE OF result ON gnl_jobs "
+    "WHEN NEW.result = '\"poison\"' BEGIN SELECT RAISE(ABORT, 'poison refused'); END",
+    "postgres": "ALTER TABLE gnl_jobs ADD CONSTRAINT no_poison "
+    "CHECK (result IS DISTINCT FROM '\"poison\"')",
+    "mysql": "ALTER TABLE gnl_jobs ADD CONSTRAINT no_poison "
+    "CHECK (result IS NULL OR result <> '\"poison\"')",
+}
+
+
+async def test_a_poison_outcome_fails_alone(store_url: Callable[[], str], backend: str) -> None:
+    url = store_url()
+    await (await gnl.connect(url)).close()  # the schema, then the rule beside it
+    if backend == "sqlite":
+        import sqlite3
+
+        con = sqlite3.connect(sqlite_path(url))
+        con.execute(_POISON_RULE["sqlite"])
+        con.close()
+    else:
+        await sql(backend, url, _POISON_RULE[backend])
+    async with await gnl.connect(url) as storage:
+        await _poison_outcome_fails_alone(storage)
+
+
+async def _poison_outcome_fails_alone(storage: gnl.Storage) -> None:
+    ids = [await gnl.enqueue(storage, "t", i) for i in range(8)]
+    barrier = asyncio.Event()
+    arrived: list[int] = []
+
+    async def handler(payload: int, ctx: gnl.JobContext) -> Any:
+        arrived.append(payload)
+        if len(arrived) == 8:
+            barrier.set()
+        await barrier.wait()  # all eight end at once: one group commit of outcomes
+        return "poison" if payload == 3 and ctx.attempt == 1 else payload
+
+    w = gnl.create_worker(
+        storage, {"t": handler}, ttl_ms=30_000, poll_ms=20, concurrency=8, retry_delay_ms=0
+    )
+    async with w:
+
+        async def all_done() -> bool:
+            return all([await job_state(storage, j) == "done" for j in ids])
+
+        await wait_for(all_done, timeout=20, what="every job done")
+    jobs = [await gnl.get_job(storage, j) for j in ids]
+    assert [j.result for j in jobs if j] == list(range(8))
+    # The seven others were written at once; the poison one failed its attempt alone.
+    assert [j.attempts for j in jobs if j] == [1, 1, 1, 2, 1, 1, 1, 1]
+    poisoned = jobs[3]
+    assert poisoned is not None and poisoned.last_error is not None
+    assert "could not be written" in poisoned.last_error
+
+
+# --------------------------------------------------------------------------------------------
+# Finding 6: a holder whose renewals go unanswered is told its lease is lost before the lease
+# ends (the store's record of it), not three renewals later
+
+
+async def test_the_signal_aborts_before_the_lease_ends(storage: gnl.Storage, backend: str) -> None:
+    aborted_at: list[float] = []
+    release = asyncio.Event()
+
+    async def handler(payload: Any, ctx: gnl.JobContext) -> None:
+        ctx.signal.add_callback(lambda r: aborted_at.append(time.time() * 1000))
+        await release.wait()
+
+    ttl_ms = 1_500
+    job_id = await gnl.enqueue(storage, "t", None)
+    w = gnl.create_worker(storage, {"t": handler}, ttl_ms=ttl_ms, poll_ms=20)
+    w.start()
+    try:
+        await wait_for(lambda: w._active, what="the handler running")
+        await asyncio.sleep(0.3)
+        # Renewals wait on a lock held for longer than the lease.
+        holder = await row_lock(backend, storage.url, job_id, ttl_ms / 1000 * 2.5)
+        lease_end = await lease_expiry(backend, storage.url, job_id)
+        await wait_for(lambda: aborted_at, timeout=10, what="the signal aborted")
+        assert aborted_at[0] < lease_end, (
+            f"aborted {aborted_at[0] - lease_end:.0f} ms after the lease ended"
+        )
+        await holder.wait()
+    finally:
+        release.set()
+        await w.stop()

@@ -269,7 +269,17 @@ class Worker:
     async def stop(self) -> None:
         """Stop claiming, wait for the handlers of the jobs this worker has claimed (running,
         or claimed ahead to start next) to return and their outcomes to be written. Releases
-        nothing early. Idempotent."""
+        nothing early. Idempotent.
+
+        An outcome the store cannot take (it is unavailable) is retried, with backoff, until
+        it is written or its lease runs out (``ttl_ms`` after its last good renewal; the lease
+        is renewed meanwhile).
+
+        Raises:
+            StoreUnavailableError: some outcomes could not be written before their leases ran
+                out (the message says how many): those jobs are reclaimed and run again. The
+                worker is stopped all the same.
+        """
         self._stopping = True
         self._wake.set()
         self._slot.set()
@@ -302,7 +312,8 @@ class Worker:
 
         Raises:
             GnlError: the worker is started (stop it first).
-            StoreUnavailableError: the store could not be reached.
+            StoreUnavailableError: the store could not be reached, or some outcomes could not
+                be written before their leases ran out (see :meth:`stop`).
         """
         if self.running:
             raise GnlError("drain() cannot run while the worker is started; stop() it first")
@@ -333,10 +344,9 @@ class Worker:
                 continue
             await asyncio.gather(*self._tasks.values(), return_exceptions=True)
         if self._native is not None:
-            try:
-                await self._native.flush()
-            except GnlError as e:
-                log.warning("gnl worker %s: could not write job outcomes: %s", self.name, e)
+            # Retried until each outcome is written or its lease runs out; raises
+            # StoreUnavailableError naming how many could not be written.
+            await self._native.flush()
 
     # -- the claim loop ------------------------------------------------------------------
 
