@@ -254,7 +254,12 @@ async fn claim(s: Arc<Shared>, n: usize) -> Result<Vec<ClaimedJob>> {
             // Nothing was written. The store away: the outcomes go back in front of any newer
             // ones. Else one of them may be what the store refuses: the writer sorts them out.
             if e.is_transient() {
-                put_back(&s.pending, outcomes);
+                // The writer retries them (with backoff, until their leases run out) unless
+                // the next claim takes them first.
+                if !outcomes.is_empty() {
+                    put_back(&s.pending, outcomes);
+                    s.queued.notify_one();
+                }
             } else if !outcomes.is_empty() {
                 put_back(&s.suspect, outcomes);
                 s.kicked.notify_one();
