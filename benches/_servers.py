@@ -173,6 +173,35 @@ def mysql_version() -> str:
         conn.close()
 
 
+# -- one store per backend ---------------------------------------------------------------------
+
+
+async def fresh_store(backend: str, name: str, work: c.Workdir) -> str:
+    """A fresh store called ``name`` (a Postgres schema, a MySQL database ``<db>_<name>``, a
+    SQLite file in ``work``); returns gnl's URL for it."""
+    if backend == "postgres":
+        return await pg_fresh_schema(name)
+    if backend == "mysql":
+        return mysql_fresh(name)
+    return c.sqlite_url(work.fresh(name))
+
+
+async def drop_store(backend: str, name: str) -> None:
+    """Drop what ``fresh_store`` made on a server (SQLite files go with ``work.cleanup()``)."""
+    if backend == "postgres":
+        await pg_drop_schema(name)
+    elif backend == "mysql":
+        mysql_drop(name)
+
+
+async def print_servers(backends: list[str]) -> None:
+    """Print the versions and URLs of the servers among ``backends``."""
+    if "postgres" in backends:
+        print(f"  PostgreSQL {await pg_version()} at {PG_URL}", flush=True)
+    if "mysql" in backends:
+        print(f"  MySQL/MariaDB {mysql_version()} at {MYSQL_URL}", flush=True)
+
+
 def pkg_version(name: str) -> str:
     from importlib.metadata import PackageNotFoundError, version
 

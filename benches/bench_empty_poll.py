@@ -80,12 +80,7 @@ class Target:
         self.rt: list[float] = []
 
     async def open(self, work: c.Workdir) -> None:
-        if self.backend == "postgres":
-            url = await s.pg_fresh_schema(self.name)
-        elif self.backend == "mysql":
-            url = s.mysql_fresh(self.name)
-        else:
-            url = c.sqlite_url(work.fresh(self.name))
+        url = await s.fresh_store(self.backend, self.name, work)
         self.storage = await gnl.connect(url)
         self.setup_s = await fill(self.storage, self.orgs, self.variant)
         self.worker = gnl.create_worker(self.storage, {"noop": noop}, concurrency=CONC)
@@ -118,10 +113,7 @@ class Target:
     async def close(self) -> None:
         await self.worker.stop()
         await self.storage.close()
-        if self.backend == "postgres":
-            await s.pg_drop_schema(self.name)
-        elif self.backend == "mysql":
-            s.mysql_drop(self.name)
+        await s.drop_store(self.backend, self.name)
 
     def stats(self, kind: str) -> dict[str, Any]:
         lat = self.lat[kind]
@@ -186,10 +178,7 @@ async def main() -> None:
         POLLS=POLLS,
         WARM=WARM,
     )
-    if "postgres" in BACKENDS:
-        print(f"  PostgreSQL {await s.pg_version()} at {s.PG_URL}", flush=True)
-    if "mysql" in BACKENDS:
-        print(f"  MySQL/MariaDB {s.mysql_version()} at {s.MYSQL_URL}", flush=True)
+    await s.print_servers(BACKENDS)
     work = c.Workdir()
     rows: list[tuple[str, str, str, int, dict[str, Any]]] = []
     try:

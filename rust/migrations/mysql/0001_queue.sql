@@ -40,16 +40,22 @@ CREATE TABLE IF NOT EXISTS gnl_jobs (
 
 -- One row per organization (the no-organization lane included).
 -- next_run_at is a lower bound of the lane's earliest pending run_at (NULL: nothing pending);
--- served_at orders the lanes: the smallest has waited longest. due_turn is served_at for lanes
--- with something pending and NULL otherwise (MySQL has no partial indexes).
+-- served_at orders the lanes: the smallest has waited longest.
+-- due <> 0: the lane is in the turn (its next_run_at had come when a claim last looked at it).
+-- A claim takes lanes from the turn index alone, so lanes whose jobs are all due later cost it
+-- nothing; lanes not due wait in gnl_lanes_next, and a claim moves those whose next_run_at has
+-- come into the turn (an enqueue only lowers next_run_at). MySQL has no partial indexes:
+-- due_turn is served_at for lanes in the turn (else NULL), wait_at next_run_at for the others.
 CREATE TABLE IF NOT EXISTS gnl_lanes (
     org         VARBINARY(800) NOT NULL,
     next_run_at BIGINT NULL,
     served_at   BIGINT NOT NULL DEFAULT 0,
-    due_turn    BIGINT AS (IF(next_run_at IS NULL, NULL, served_at)) STORED,
+    due         TINYINT NOT NULL DEFAULT 0,
+    due_turn    BIGINT AS (IF(due <> 0, served_at, NULL)) STORED,
+    wait_at     BIGINT AS (IF(due <> 0, NULL, next_run_at)) STORED,
     PRIMARY KEY (org),
     KEY gnl_lanes_turn (due_turn, org),
-    KEY gnl_lanes_next (next_run_at),
+    KEY gnl_lanes_next (wait_at),
     KEY gnl_lanes_served (served_at)                         -- the latest turn ticket
 ) ENGINE=InnoDB;
 

@@ -88,14 +88,19 @@ CREATE INDEX gnl_leases_expiry ON gnl_leases (expires_at);
 -- gnl-wide one ('gnl_lanes:<schema>') exclusively; keys are hashtextextended(key, 0)) from before its jobs get
 -- seqs until it commits, so a lane's jobs become visible in seq order and none can appear
 -- behind a head that was moved past what a claim saw.
+-- due: the lane is in the turn (its next_run_at had come when a claim last looked at it). A
+-- claim takes lanes from the turn index alone, so lanes whose jobs are all due later cost it
+-- nothing; lanes not due wait in gnl_lanes_next, and a claim moves those whose next_run_at has
+-- come into the turn (an enqueue only lowers next_run_at).
 CREATE TABLE gnl_lanes (
     org         text COLLATE "C" PRIMARY KEY,
     next_run_at bigint,
     served_at   bigint NOT NULL DEFAULT 0,
-    head        bigint NOT NULL DEFAULT 0
+    head        bigint NOT NULL DEFAULT 0,
+    due         boolean NOT NULL DEFAULT false
 );
-CREATE INDEX gnl_lanes_turn ON gnl_lanes (served_at, org) WHERE next_run_at IS NOT NULL;
-CREATE INDEX gnl_lanes_next ON gnl_lanes (next_run_at) WHERE next_run_at IS NOT NULL;
+CREATE INDEX gnl_lanes_turn ON gnl_lanes (served_at, org) WHERE due;
+CREATE INDEX gnl_lanes_next ON gnl_lanes (next_run_at) WHERE NOT due AND next_run_at IS NOT NULL;
 -- The latest turn ticket (a claim's tickets follow it).
 CREATE INDEX gnl_lanes_served ON gnl_lanes (served_at);
 

@@ -170,11 +170,18 @@ BEGIN
         RETURN;
     END IF;
 
-    -- The lanes that waited longest among lanes with a due job, locked; busy ones are skipped.
+    -- Waiting lanes whose next_run_at has come join the turn, with the tickets they had (busy
+    -- ones are skipped: a later claim moves them). Then the lanes in the turn that waited
+    -- longest, locked; busy ones are skipped. Lanes whose jobs are all due later are in
+    -- neither read.
+    UPDATE gnl_lanes x SET due = true FROM (
+        SELECT w.org FROM gnl_lanes w WHERE NOT w.due AND w.next_run_at <= now_ms
+        FOR UPDATE SKIP LOCKED) w
+    WHERE x.org = w.org;
     SELECT array_agg(l.org ORDER BY l.served_at, l.org), array_agg(l.head ORDER BY l.served_at, l.org)
     INTO lanes, heads FROM (
         SELECT x.org, x.served_at, x.head FROM gnl_lanes x
-        WHERE x.next_run_at IS NOT NULL AND x.next_run_at <= now_ms
+        WHERE x.due
         ORDER BY x.served_at, x.org LIMIT lim
         FOR UPDATE SKIP LOCKED) l;
     IF lanes IS NULL THEN
@@ -192,7 +199,7 @@ BEGIN
     -- ms, so a new lane's ticket 0 sorts first; a lane that got nothing keeps its ticket).
     -- Every locked lane's head moves to its first in_order job still pending (none: past its
     -- last job), and its next_run_at becomes its earliest pending run_at (NULL: nothing
-    -- pending). A head never passes a job still being enqueued: enqueues into one lane commit
+    -- pending); it stays in the turn while that has come. A head never passes a job still being enqueued: enqueues into one lane commit
     -- in seq order (their enqueue locks, migration 0001), so every seq below one this
     -- statement sees is visible to it too.
     RETURN QUERY
@@ -263,7 +270,8 @@ BEGIN
                 (SELECT greatest(now_ms * 4096, coalesce(max(m.served_at), 0) + 1)
                  FROM gnl_lanes m) + l.i END,
             head = h.head,
-            next_run_at = least(h.run_at, h.later)
+            next_run_at = least(h.run_at, h.later),
+            due = coalesce(least(h.run_at, h.later) <= now_ms, false)
         FROM l JOIN h ON h.i = l.i LEFT JOIN k ON k.i = l.i
         WHERE x.org = ANY (lanes) AND x.org = l.org
     )

@@ -31,13 +31,18 @@ CREATE INDEX gnl_jobs_lane_seq ON gnl_jobs (org, seq);
 -- One row per organization (the no-organization lane included).
 -- next_run_at is a lower bound of the lane's earliest pending run_at (NULL: nothing pending);
 -- served_at orders the lanes: the smallest has waited longest.
+-- due = 1: the lane is in the turn (its next_run_at had come when a claim last looked at it);
+-- a claim takes lanes from the turn index alone, so lanes whose jobs are all due later cost it
+-- nothing. Lanes with due = 0 wait in gnl_lanes_next; a claim moves those whose next_run_at
+-- has come into the turn (an enqueue only lowers next_run_at).
 CREATE TABLE gnl_lanes (
     org         TEXT PRIMARY KEY,
     next_run_at INTEGER,
-    served_at   INTEGER NOT NULL DEFAULT 0
+    served_at   INTEGER NOT NULL DEFAULT 0,
+    due         INTEGER NOT NULL DEFAULT 0
 );
-CREATE INDEX gnl_lanes_turn ON gnl_lanes (served_at, org) WHERE next_run_at IS NOT NULL;
-CREATE INDEX gnl_lanes_next ON gnl_lanes (next_run_at) WHERE next_run_at IS NOT NULL;
+CREATE INDEX gnl_lanes_turn ON gnl_lanes (served_at, org) WHERE due = 1;
+CREATE INDEX gnl_lanes_next ON gnl_lanes (next_run_at) WHERE due = 0 AND next_run_at IS NOT NULL;
 -- The newest turn ticket (tickets strictly increase).
 CREATE INDEX gnl_lanes_served ON gnl_lanes (served_at);
 

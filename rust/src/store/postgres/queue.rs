@@ -37,11 +37,24 @@ const UNIQUE_VIOLATION: &str = "23505";
 /// at most this often (an empty poll always looks).
 const RECLAIM_EVERY_MS: u64 = 250;
 
-/// The empty poll: one read, two index seeks, whatever the number of lanes.
+/// Whether some lane has a due job: a lane in the turn, or a waiting lane whose next_run_at
+/// has come (two index ends, whatever the number of lanes).
+macro_rules! some_due {
+    () => {
+        concat!(
+            "(EXISTS (SELECT 1 FROM gnl_lanes WHERE due) OR coalesce(\
+             (SELECT min(next_run_at) FROM gnl_lanes WHERE NOT due AND next_run_at IS NOT NULL) <= ",
+            now_ms!(),
+            ", false))"
+        )
+    };
+}
+
+/// The empty poll: one read, three index ends, whatever the number of lanes.
 pub(super) const PRECHECK: &str = concat!(
-    "SELECT coalesce((SELECT min(next_run_at) FROM gnl_lanes WHERE next_run_at IS NOT NULL) <= ",
-    now_ms!(),
-    ", false), coalesce((SELECT min(expires_at) FROM gnl_leases) < ",
+    "SELECT ",
+    some_due!(),
+    ", coalesce((SELECT min(expires_at) FROM gnl_leases) < ",
     now_ms!(),
     ", false)"
 );
@@ -822,7 +835,9 @@ impl QueueStore for PostgresStore {
 
     async fn has_due(&self) -> Result<bool> {
         self.counted(1);
-        Ok(sqlx::query_scalar(concat!("SELECT coalesce((SELECT min(next_run_at) FROM gnl_lanes WHERE next_run_at IS NOT NULL) <= ", now_ms!(), ", false)")).fetch_one(&self.pool).await?)
+        Ok(sqlx::query_scalar(concat!("SELECT ", some_due!()))
+            .fetch_one(&self.pool)
+            .await?)
     }
 
     async fn max_seq(&self) -> Result<i64> {

@@ -18,6 +18,18 @@ use crate::store::QueueStore;
 /// How often a claim that carries outcomes also looks for expired leases, in ms.
 const RECLAIM_EVERY_MS: i64 = 250;
 
+/// Whether some lane has a due job (`?1`: now): a lane in the turn, or a waiting lane whose
+/// next_run_at has come. Two index ends, whatever the number of lanes.
+const SOME_DUE: &str = "(EXISTS (SELECT 1 FROM gnl_lanes WHERE due = 1) OR coalesce(\
+     (SELECT min(next_run_at) FROM gnl_lanes WHERE due = 0 AND next_run_at IS NOT NULL) <= ?1, 0))";
+
+/// The lane pick (`?1`: now, `?2`: how many): the lanes in the turn that waited longest, read
+/// from the turn index (lanes whose jobs are all due later are not in it), after a first row
+/// (org NULL) that says whether a waiting lane's next_run_at has come (it must join the turn
+/// first).
+const PICK_LANES: &str = "SELECT NULL, EXISTS (SELECT 1 FROM gnl_lanes WHERE due = 0 AND next_run_at <= ?1) \
+     UNION ALL SELECT * FROM (SELECT org, 0 FROM gnl_lanes WHERE due = 1 ORDER BY served_at, org LIMIT ?2)";
+
 impl SqliteStore {
     /// Lower a lane's `next_run_at` bound to `run_at` (creating the lane if needed).
     async fn lane_due(&self, tx: &mut Tx<'static>, org: &str, run_at: i64) -> Result<()> {
@@ -147,11 +159,14 @@ impl SqliteStore {
             }
             sql.push_str(" ELSE served_at END");
         }
-        sql.push_str(
+        // A lane stays in the turn while its earliest pending job is due.
+        sql.push_str(&format!(
             ", next_run_at = \
-             (SELECT min(j.run_at) FROM gnl_jobs j WHERE j.org = gnl_lanes.org AND j.state = 'pending') \
-             WHERE org IN (",
-        );
+             (SELECT min(j.run_at) FROM gnl_jobs j WHERE j.org = gnl_lanes.org AND j.state = 'pending'), \
+             due = coalesce((SELECT min(j.run_at) FROM gnl_jobs j \
+                             WHERE j.org = gnl_lanes.org AND j.state = 'pending') <= {now}, 0) \
+             WHERE org IN ("
+        ));
         for (i, org) in looked.iter().enumerate() {
             sql.push_str(if i == 0 { "?" } else { ",?" });
             args.add(org.as_str())
@@ -164,6 +179,31 @@ impl SqliteStore {
             .execute(&mut **tx)
             .await?;
         Ok(())
+    }
+
+    /// The lanes in the turn that waited longest (at most `limit`), or None when a waiting
+    /// lane's next_run_at has come (it must join the turn first).
+    async fn pick_lanes(
+        &self,
+        tx: &mut Tx<'static>,
+        now: i64,
+        limit: usize,
+    ) -> Result<Option<Vec<String>>> {
+        self.counted(1);
+        let rows: Vec<(Option<String>, bool)> = sqlx::query_as(PICK_LANES)
+            .bind(now)
+            .bind(limit as i64)
+            .fetch_all(&mut **tx)
+            .await?;
+        let mut lanes = Vec::with_capacity(rows.len());
+        for (org, waiting_due) in rows {
+            match org {
+                Some(org) => lanes.push(org),
+                None if waiting_due => return Ok(None),
+                None => {}
+            }
+        }
+        Ok(Some(lanes))
     }
 
     /// Expired leases: the holder stopped renewing (crashed, partitioned). The attempt it used
@@ -281,14 +321,14 @@ impl QueueStore for SqliteStore {
         if finished.is_empty() && req.probe {
             // The empty poll: one read, whatever the number of lanes (both are index seeks).
             self.counted(1);
-            let (next_due, next_expiry): (Option<i64>, Option<i64>) = sqlx::query_as(
-                "SELECT (SELECT min(next_run_at) FROM gnl_lanes WHERE next_run_at IS NOT NULL), \
-                        (SELECT min(lease_expires_at) FROM gnl_jobs WHERE state = 'running')",
-            )
+            let (due, next_expiry): (bool, Option<i64>) = sqlx::query_as(&format!(
+                "SELECT {SOME_DUE}, \
+                        (SELECT min(lease_expires_at) FROM gnl_jobs WHERE state = 'running')"
+            ))
+            .bind(now)
             .fetch_one(&self.pool)
             .await?;
             expired = next_expiry.is_some_and(|t| t < now);
-            let due = next_due.is_some_and(|t| t <= now);
             if !due && !expired {
                 return Ok(vec![]);
             }
@@ -306,14 +346,18 @@ impl QueueStore for SqliteStore {
         }
         let mut out = Vec::new();
         if req.limit > 0 {
-            self.counted(1);
-            let lanes: Vec<String> = sqlx::query_scalar(
-                "SELECT org FROM gnl_lanes WHERE next_run_at <= ?1 ORDER BY served_at, org LIMIT ?2",
-            )
-            .bind(now)
-            .bind(req.limit as i64)
-            .fetch_all(&mut *tx)
-            .await?;
+            let mut lanes = self.pick_lanes(&mut tx, now, req.limit).await?;
+            if lanes.is_none() {
+                // Waiting lanes whose next_run_at has come join the turn, with the tickets they
+                // had (so a lane is served in the same order as if it had never waited).
+                self.counted(1);
+                sqlx::query("UPDATE gnl_lanes SET due = 1 WHERE due = 0 AND next_run_at <= ?1")
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?;
+                lanes = self.pick_lanes(&mut tx, now, req.limit).await?;
+            }
+            let lanes = lanes.unwrap_or_default();
             let n = lanes.len().max(1);
             let expires = now + req.ttl_ms;
             let mut served: Vec<&str> = Vec::with_capacity(lanes.len());
@@ -438,12 +482,10 @@ impl QueueStore for SqliteStore {
 
     async fn has_due(&self) -> Result<bool> {
         self.counted(1);
-        let next: Option<i64> = sqlx::query_scalar(
-            "SELECT min(next_run_at) FROM gnl_lanes WHERE next_run_at IS NOT NULL",
-        )
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(next.is_some_and(|t| t <= clock_ms()))
+        Ok(sqlx::query_scalar(&format!("SELECT {SOME_DUE}"))
+            .bind(clock_ms())
+            .fetch_one(&self.pool)
+            .await?)
     }
 
     async fn max_seq(&self) -> Result<i64> {

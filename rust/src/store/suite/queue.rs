@@ -31,6 +31,7 @@ on_every_engine! {
         a_batch_in_parts_is_written_whole_or_not_at_all,
         a_batch_over_many_organizations_is_one_call,
         a_big_batch_skips_taken_and_repeated_ids,
+        idle_lanes_leave_the_turn_of_due_lanes_as_it_was,
     ],
     servers: [a_100k_job_enqueue_is_one_call, big_payloads_are_split_by_size],
     store_and_url: [
@@ -170,6 +171,66 @@ pub async fn an_empty_poll_is_one_query_whatever_the_lanes(s: Arc<dyn Store>) {
     let before = s.query_count();
     assert!(s.claim(&[], &req(10, 60_000)).await.unwrap().is_empty());
     assert_eq!(s.query_count() - before, 1);
+}
+
+/// Lanes whose jobs are all due later (a reminder in an hour, per organization) change nothing
+/// about which lane a claim serves: due lanes alternate in turn, a lane whose job becomes due
+/// joins the turn with the ticket it had (a never-served lane first), and with nothing due the
+/// poll is empty. (What the idle lanes cost a claim is `benches/bench_lane_pick.py`'s: the
+/// lane pick reads only lanes with a due job.)
+pub async fn idle_lanes_leave_the_turn_of_due_lanes_as_it_was(s: Arc<dyn Store>) {
+    let idle: Vec<NewJob> = (0..3_000)
+        .map(|i| {
+            let mut j = job(&format!("idle{i}"), "later");
+            j.delay_ms = Some(3_600_000);
+            j
+        })
+        .collect();
+    s.enqueue(&idle).await.unwrap();
+    let soon_ms = 3_000;
+    let mut jobs: Vec<NewJob> = (0..4)
+        .flat_map(|i| [job("a", &format!("a{i}")), job("b", &format!("b{i}"))])
+        .collect();
+    jobs.push(job("m", "m0"));
+    let mut m1 = job("m", "m1");
+    m1.delay_ms = Some(soon_ms);
+    let mut s0 = job("s", "s0");
+    s0.delay_ms = Some(soon_ms);
+    jobs.extend([m1, s0]);
+    let t0 = std::time::Instant::now();
+    s.enqueue(&jobs).await.unwrap();
+    let first = claim_one_by_one(&s, 5).await;
+    assert!(
+        t0.elapsed() < Duration::from_millis(soon_ms as u64),
+        "the machine is too slow for this test"
+    );
+    // Due lanes in turn, never-served ones first (org order breaks ties); m's next job is
+    // due later, so m waits, as the idle lanes do.
+    assert_eq!(first, ["a0", "b0", "m0", "a1", "b1"]);
+    tokio::time::sleep(Duration::from_millis(soon_ms as u64 + 100).saturating_sub(t0.elapsed()))
+        .await;
+    // s (never served) first, then m (served before a and b were last).
+    let then = claim_one_by_one(&s, 6).await;
+    assert_eq!(then, ["s0", "m1", "a2", "b2", "a3", "b3"]);
+    let before = s.query_count();
+    assert!(s.claim(&[], &req(10, 60_000)).await.unwrap().is_empty());
+    assert_eq!(s.query_count() - before, 1, "the empty poll is one query");
+    let mut r = req(10, 60_000);
+    r.probe = false;
+    assert!(s.claim(&[], &r).await.unwrap().is_empty());
+    let row = s.get_job("idle7", "later").await.unwrap().unwrap();
+    assert_eq!(row.state, PENDING);
+}
+
+/// The ids of `n` claims of one job each (each must get one).
+async fn claim_one_by_one(s: &Arc<dyn Store>, n: usize) -> Vec<String> {
+    let mut ids = vec![];
+    for _ in 0..n {
+        let got = s.claim(&[], &req(1, 60_000)).await.unwrap();
+        assert_eq!(got.len(), 1, "after {ids:?}");
+        ids.push(got[0].id.clone());
+    }
+    ids
 }
 
 pub async fn a_stale_holder_cannot_write_after_a_reclaim(s: Arc<dyn Store>) {
