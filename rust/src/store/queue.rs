@@ -2,6 +2,9 @@
 //! listings, retry and cancel; and the calls that wrap them (a deadlock run again, a batch
 //! that arrives in parts). Each engine implements it in its `queue.rs`.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
 use async_trait::async_trait;
 
 use super::again_on_deadlock;
@@ -9,6 +12,50 @@ use crate::error::{Error, Result};
 use crate::model::{
     ClaimRequest, ClaimedJob, JobBatch, JobRow, LeaseRef, ListQuery, NewJob, Outcome, RenewStatus,
 };
+
+/// How often a call that writes anyway (outcomes, a claim without the empty-poll read) also
+/// looks for expired leases, in ms: a stale lease waits that much longer, a busy worker saves
+/// a statement per claim (docs/DECISIONS.md, "Expired leases").
+const RECLAIM_EVERY_MS: u64 = 250;
+
+/// When a store last looked for expired leases, on this process's monotonic clock. Never the
+/// wall clock: one that steps back (NTP, a VM restore) would stop the looks for as long as it
+/// stepped (issue 9, finding 9). Lease decisions themselves use the store's clock.
+pub(crate) struct ReclaimThrottle {
+    started: Instant,
+    /// The last look, in ms since `started` (at least 1); 0: never.
+    last: AtomicU64,
+}
+
+impl ReclaimThrottle {
+    pub(crate) fn new() -> Self {
+        ReclaimThrottle {
+            started: Instant::now(),
+            last: AtomicU64::new(0),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        (self.started.elapsed().as_millis() as u64).max(1)
+    }
+
+    /// Whether a call should look now: the first time, then at most every `RECLAIM_EVERY_MS`
+    /// (one of racing calls wins). A `true` is recorded as a look.
+    pub(crate) fn due(&self) -> bool {
+        let now = self.now();
+        let last = self.last.load(Ordering::Relaxed);
+        (last == 0 || now.saturating_sub(last) >= RECLAIM_EVERY_MS)
+            && self
+                .last
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    /// Record a look the call makes anyway (an empty poll that saw an expired lease).
+    pub(crate) fn looked(&self) {
+        self.last.store(self.now(), Ordering::Relaxed);
+    }
+}
 
 /// What the queue asks of a database. All instants are the store's clock (epoch ms).
 #[async_trait]

@@ -30,6 +30,7 @@ use sqlx::mysql::{
 };
 use sqlx::{Arguments, Connection, Encode, Executor, Row, Transaction, Type};
 
+use super::queue::ReclaimThrottle;
 use super::Store;
 use crate::error::{Error, Result};
 
@@ -195,9 +196,8 @@ pub struct MysqlStore {
     /// False once the server refused locking clauses inside UNION ALL (claims then read one
     /// lane per statement).
     union_locks: AtomicBool,
-    /// When this store last looked for expired leases (ms since `started`; 0: never).
-    last_reclaim: AtomicU64,
-    started: std::time::Instant,
+    /// When this store last looked for expired leases (monotonic).
+    reclaims: ReclaimThrottle,
 }
 
 impl MysqlStore {
@@ -260,8 +260,7 @@ impl MysqlStore {
             budget: max_packet / 2,
             max_packet,
             union_locks: AtomicBool::new(true),
-            last_reclaim: AtomicU64::new(0),
-            started: std::time::Instant::now(),
+            reclaims: ReclaimThrottle::new(),
         })
     }
 

@@ -15,9 +15,6 @@ use crate::model::*;
 use crate::store::queue::JOB_COLS;
 use crate::store::QueueStore;
 
-/// How often a claim that carries outcomes looks for expired leases (as SQLite's engine).
-const RECLAIM_EVERY_MS: u64 = 250;
-
 /// The most jobs one claim takes.
 const MAX_CLAIM: usize = 10_000;
 
@@ -50,13 +47,30 @@ pub(super) const HAS_DUE: &str = concat!("SELECT ", some_due!());
 /// The lane pick (`?`: how many), locked (busy lanes are skipped): the lanes in the turn that
 /// waited longest, from the turn index (lanes whose jobs are all due later are not in it), and
 /// the waiting lanes whose next_run_at has come (they join the turn with the tickets they had).
-/// Rows: org, served_at, whether the lane was waiting.
+/// Rows: org, served_at, whether the lane was waiting. One statement, or its two parts on a
+/// server that refuses locking clauses inside a union.
+macro_rules! claim_lanes_turn {
+    () => {
+        "SELECT org, served_at, CAST(0 AS SIGNED) FROM gnl_lanes FORCE INDEX (gnl_lanes_turn) \
+         WHERE due_turn IS NOT NULL ORDER BY due_turn, org LIMIT ? FOR UPDATE SKIP LOCKED"
+    };
+}
+macro_rules! claim_lanes_waiting {
+    () => {
+        concat!(
+            "SELECT org, served_at, CAST(1 AS SIGNED) FROM gnl_lanes FORCE INDEX (gnl_lanes_next) \
+             WHERE wait_at <= ",
+            now_ms!(),
+            " FOR UPDATE SKIP LOCKED"
+        )
+    };
+}
 pub(super) const CLAIM_LANES: &str = concat!(
-    "(SELECT org, served_at, CAST(0 AS SIGNED) FROM gnl_lanes FORCE INDEX (gnl_lanes_turn) \
-     WHERE due_turn IS NOT NULL ORDER BY due_turn, org LIMIT ? FOR UPDATE SKIP LOCKED) \
-     UNION ALL (SELECT org, served_at, CAST(1 AS SIGNED) FROM gnl_lanes FORCE INDEX (gnl_lanes_next) WHERE wait_at <= ",
-    now_ms!(),
-    " FOR UPDATE SKIP LOCKED)"
+    "(",
+    claim_lanes_turn!(),
+    ") UNION ALL (",
+    claim_lanes_waiting!(),
+    ")"
 );
 
 pub(super) const CLAIM_JOBS_PART: &str = concat!(
@@ -298,6 +312,50 @@ impl MysqlStore {
         Ok(())
     }
 
+    /// The server refused a locking clause inside a union (`message`): from now on, claims
+    /// send a union's parts one by one.
+    fn refuse_union_locks(&self, message: &str) {
+        log::warn!(
+            "gnl: this MySQL server refuses FOR UPDATE inside UNION ALL ({message}); \
+             claims read one lane per statement"
+        );
+        self.union_locks.store(false, Ordering::Relaxed);
+    }
+
+    /// The lane pick (`CLAIM_LANES`), locked: one statement, or its two parts on a server that
+    /// refuses locking clauses inside a union.
+    async fn pick_lanes(
+        &self,
+        tx: &mut MySqlConnection,
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, i64, i64)>> {
+        if self.union_locks.load(Ordering::Relaxed) {
+            self.counted(1);
+            match sqlx::query_as(CLAIM_LANES)
+                .bind(limit as i64)
+                .fetch_all(&mut *tx)
+                .await
+            {
+                Ok(rows) => return Ok(rows),
+                Err(sqlx::Error::Database(db)) if is_syntax_error(db.as_ref()) => {
+                    self.refuse_union_locks(db.message());
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.counted(2);
+        let mut rows: Vec<(Vec<u8>, i64, i64)> = sqlx::query_as(claim_lanes_turn!())
+            .bind(limit as i64)
+            .fetch_all(&mut *tx)
+            .await?;
+        rows.extend(
+            sqlx::query_as(claim_lanes_waiting!())
+                .fetch_all(&mut *tx)
+                .await?,
+        );
+        Ok(rows)
+    }
+
     /// Each lane's oldest due jobs, locked: one statement (UNION ALL), or one per lane on a
     /// server that refuses locking clauses inside a union.
     async fn pick_jobs(
@@ -319,12 +377,7 @@ impl MysqlStore {
             match q.fetch_all(&mut *tx).await {
                 Ok(rows) => return Ok(rows),
                 Err(sqlx::Error::Database(db)) if is_syntax_error(db.as_ref()) => {
-                    log::warn!(
-                        "gnl: this MySQL server refuses FOR UPDATE inside UNION ALL ({}); \
-                         claims read one lane per statement",
-                        db.message()
-                    );
-                    self.union_locks.store(false, Ordering::Relaxed);
+                    self.refuse_union_locks(db.message());
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -443,12 +496,9 @@ impl QueueStore for MysqlStore {
 
     async fn claim(&self, finished: &[Outcome], req: &ClaimRequest) -> Result<Vec<ClaimedJob>> {
         // A claim that carries outcomes (no probe) looks for expired leases at most every
-        // RECLAIM_EVERY (a stale lease waits that much longer; a busy worker saves a statement
-        // per claim). The interval is measured on this process's monotonic clock; lease
-        // decisions themselves use the server's.
-        let since_start = (self.started.elapsed().as_millis() as u64).max(1);
-        let last = self.last_reclaim.load(Ordering::Relaxed);
-        let mut reclaim = last == 0 || since_start.saturating_sub(last) >= RECLAIM_EVERY_MS;
+        // 250 ms (`ReclaimThrottle`, on this process's monotonic clock; lease decisions
+        // themselves use the server's).
+        let reclaim;
         if finished.is_empty() && req.probe {
             // The empty poll: one read, whatever the number of lanes (both are index seeks).
             self.counted(1);
@@ -457,12 +507,16 @@ impl QueueStore for MysqlStore {
                 return Ok(vec![]);
             }
             reclaim = expired != 0;
+            if reclaim {
+                self.reclaims.looked();
+            }
+        } else {
+            reclaim = self.reclaims.due();
         }
         let mut tx = self.begin().await?;
         let mut back = vec![];
         self.write_outcomes(&mut tx, finished, &mut back).await?;
         if reclaim {
-            self.last_reclaim.store(since_start, Ordering::Relaxed);
             self.reclaim(&mut tx, &mut back).await?;
         }
         back.sort_unstable();
@@ -473,11 +527,7 @@ impl QueueStore for MysqlStore {
         // placeholder limit (four per lane).
         let limit = req.limit.min(MAX_CLAIM);
         if limit > 0 {
-            self.counted(1);
-            let mut picked: Vec<(Vec<u8>, i64, i64)> = sqlx::query_as(CLAIM_LANES)
-                .bind(limit as i64)
-                .fetch_all(&mut *tx)
-                .await?;
+            let mut picked = self.pick_lanes(&mut tx, limit).await?;
             let waiting: Vec<&[u8]> = picked
                 .iter()
                 .filter(|l| l.2 != 0)

@@ -23,6 +23,7 @@ use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::{Executor, Postgres, Transaction};
 
+use super::queue::ReclaimThrottle;
 use super::Store;
 use crate::error::{Error, Result};
 
@@ -63,10 +64,8 @@ type Tx = Transaction<'static, Postgres>;
 pub struct PostgresStore {
     pool: PgPool,
     queries: AtomicU64,
-    /// When a call of this store last looked for expired leases (ms since `started`; 0:
-    /// never).
-    last_reclaim: AtomicU64,
-    started: std::time::Instant,
+    /// When a call of this store last looked for expired leases (monotonic).
+    reclaims: ReclaimThrottle,
 }
 
 impl PostgresStore {
@@ -101,8 +100,7 @@ impl PostgresStore {
         let store = PostgresStore {
             pool,
             queries: AtomicU64::new(0),
-            last_reclaim: AtomicU64::new(0),
-            started: std::time::Instant::now(),
+            reclaims: ReclaimThrottle::new(),
         };
         store.counted(1);
         let (num, text): (String, String) = sqlx::query_as(

@@ -4,7 +4,6 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 
 use async_trait::async_trait;
 use sqlx::Row;
@@ -32,10 +31,6 @@ const COPY_JOBS: &str =
 
 /// SQLSTATE unique_violation.
 const UNIQUE_VIOLATION: &str = "23505";
-
-/// Calls that carry outcomes, and claims without the empty-poll probe, look for expired leases
-/// at most this often (an empty poll always looks).
-const RECLAIM_EVERY_MS: u64 = 250;
 
 /// Whether some lane has a due job: a lane in the turn, or a waiting lane whose next_run_at
 /// has come (two index ends, whatever the number of lanes).
@@ -287,20 +282,6 @@ const CANCEL: &str = concat!(
 );
 
 impl PostgresStore {
-    /// Whether a call that writes anyway (outcomes, a claim without the probe) should also
-    /// look for expired leases: at most every `RECLAIM_EVERY_MS` (this process's monotonic
-    /// clock; lease decisions themselves use the server's). A stale lease waits that much
-    /// longer; a claim saves the look.
-    fn reclaim_due(&self) -> bool {
-        let now = (self.started.elapsed().as_millis() as u64).max(1);
-        let last = self.last_reclaim.load(Ordering::Relaxed);
-        (last == 0 || now.saturating_sub(last) >= RECLAIM_EVERY_MS)
-            && self
-                .last_reclaim
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-    }
-
     /// Write outcomes, (when `reclaim`) take back expired leases, and claim up to `limit` jobs,
     /// in one statement (`gnl_claim`).
     async fn claim_call(
@@ -769,7 +750,8 @@ impl QueueStore for PostgresStore {
             }
             reclaim = expired;
         } else {
-            reclaim = self.reclaim_due();
+            // Calls that write anyway look at most every 250 ms (`ReclaimThrottle`).
+            reclaim = self.reclaims.due();
         }
         self.claim_call(finished, reclaim, req.limit, Some(req))
             .await
@@ -780,7 +762,7 @@ impl QueueStore for PostgresStore {
             return Ok(());
         }
         // One statement: its own transaction.
-        self.claim_call(outcomes, self.reclaim_due(), 0, None)
+        self.claim_call(outcomes, self.reclaims.due(), 0, None)
             .await?;
         Ok(())
     }

@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 
-use super::{clock_ms, SqliteStore};
+use super::SqliteStore;
 use crate::error::Result;
 use crate::store::JournalStore;
 
@@ -28,7 +28,7 @@ impl JournalStore for SqliteStore {
             .bind(run_id)
             .bind(name)
             .bind(result)
-            .bind(clock_ms())
+            .bind(self.clock_ms())
             .execute(&mut *tx)
             .await?;
         let kept: String =

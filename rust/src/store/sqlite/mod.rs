@@ -16,6 +16,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{Executor, Sqlite, Transaction};
 
+use super::queue::ReclaimThrottle;
 use super::url::SqliteTarget;
 use super::Store;
 use crate::error::{Error, Result};
@@ -36,10 +37,12 @@ pub struct SqliteStore {
     pool: SqlitePool,
     write: tokio::sync::Mutex<()>,
     queries: AtomicU64,
-    /// When expired leases were last looked for (process clock, ms).
-    last_reclaim: AtomicI64,
+    /// When expired leases were last looked for (monotonic).
+    reclaims: ReclaimThrottle,
     /// Bind parameters per statement (`sqlite3_limit(SQLITE_LIMIT_VARIABLE_NUMBER)`).
     var_limit: usize,
+    /// Added to the wall clock (ms): 0 except where a test steps the clock (`step_clock`).
+    clock_shift_ms: AtomicI64,
 }
 
 /// SQLite's own busy handler sleeps up to 100 ms between tries, so a process waiting for
@@ -54,7 +57,8 @@ extern "C" fn busy_handler(_arg: *mut std::ffi::c_void, tries: std::ffi::c_int) 
     1
 }
 
-fn clock_ms() -> i64 {
+/// The wall clock, in epoch ms (the store's clock: due instants and leases).
+fn wall_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
@@ -152,9 +156,22 @@ impl SqliteStore {
             pool,
             write: tokio::sync::Mutex::new(()),
             queries: AtomicU64::new(0),
-            last_reclaim: AtomicI64::new(0),
+            reclaims: ReclaimThrottle::new(),
             var_limit,
+            clock_shift_ms: AtomicI64::new(0),
         })
+    }
+
+    /// The store's clock (epoch ms): the wall clock, shifted by the test seam.
+    fn clock_ms(&self) -> i64 {
+        wall_ms() + self.clock_shift_ms.load(Ordering::Relaxed)
+    }
+
+    /// Test seam: step the store's wall clock by `ms` (negative: back), as NTP or a VM
+    /// restore would.
+    #[cfg(test)]
+    pub(crate) fn step_clock(&self, ms: i64) {
+        self.clock_shift_ms.fetch_add(ms, Ordering::Relaxed);
     }
 
     fn counted(&self, n: u64) {
@@ -184,7 +201,7 @@ impl Store for SqliteStore {
     }
 
     async fn now_ms(&self) -> Result<i64> {
-        Ok(clock_ms())
+        Ok(self.clock_ms())
     }
 
     async fn schema_version(&self) -> Result<Option<i64>> {

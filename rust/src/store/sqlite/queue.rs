@@ -3,20 +3,16 @@
 //! renewals, listings, retry and cancel.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 
 use async_trait::async_trait;
 use sqlx::sqlite::SqliteArguments;
 use sqlx::{Arguments, Row};
 
-use super::{clock_ms, SqliteStore, Tx};
+use super::{SqliteStore, Tx};
 use crate::error::{Error, Result};
 use crate::model::*;
 use crate::store::queue::{job_row, JOB_COLS};
 use crate::store::QueueStore;
-
-/// How often a claim that carries outcomes also looks for expired leases, in ms.
-const RECLAIM_EVERY_MS: i64 = 250;
 
 /// Whether some lane has a due job (`?1`: now): a lane in the turn, or a waiting lane whose
 /// next_run_at has come. Two index ends, whatever the number of lanes.
@@ -249,7 +245,7 @@ impl QueueStore for SqliteStore {
         }
         let _w = self.write.lock().await;
         let mut tx = self.begin_write().await?;
-        let now = clock_ms();
+        let now = self.clock_ms();
         // 5 binds a row, anonymous `?` only (see `write_outcomes`); `now` is a literal.
         let per_chunk = (self.var_limit / 5).max(1);
         let tail = format!("'pending',{now},{now})");
@@ -316,7 +312,7 @@ impl QueueStore for SqliteStore {
     }
 
     async fn claim(&self, finished: &[Outcome], req: &ClaimRequest) -> Result<Vec<ClaimedJob>> {
-        let now = clock_ms();
+        let now = self.clock_ms();
         let mut expired = false;
         if finished.is_empty() && req.probe {
             // The empty poll: one read, whatever the number of lanes (both are index seeks).
@@ -335,13 +331,14 @@ impl QueueStore for SqliteStore {
         }
         let _w = self.write.lock().await;
         let mut tx = self.begin_write().await?;
-        let now = clock_ms();
+        let now = self.clock_ms();
         self.write_outcomes(&mut tx, finished, now).await?;
         // Without the probe (a claim that carries outcomes), look for expired leases at most
-        // every RECLAIM_EVERY_MS: a stale lease waits that much longer, a busy worker saves a
-        // statement per claim.
-        if expired || now - self.last_reclaim.load(Ordering::Relaxed) >= RECLAIM_EVERY_MS {
-            self.last_reclaim.store(now, Ordering::Relaxed);
+        // every 250 ms (`ReclaimThrottle`, on the monotonic clock).
+        if expired {
+            self.reclaims.looked();
+        }
+        if expired || self.reclaims.due() {
             self.reclaim(&mut tx, now).await?;
         }
         let mut out = Vec::new();
@@ -413,7 +410,8 @@ impl QueueStore for SqliteStore {
         }
         let _w = self.write.lock().await;
         let mut tx = self.begin_write().await?;
-        self.write_outcomes(&mut tx, outcomes, clock_ms()).await?;
+        self.write_outcomes(&mut tx, outcomes, self.clock_ms())
+            .await?;
         self.commit(tx).await
     }
 
@@ -423,7 +421,7 @@ impl QueueStore for SqliteStore {
         }
         let _w = self.write.lock().await;
         let mut tx = self.begin_write().await?;
-        let now = clock_ms();
+        let now = self.clock_ms();
         let mut status: BTreeMap<i64, RenewStatus> = BTreeMap::new();
         let per_chunk = (self.var_limit / 2).max(1);
         for chunk in leases.chunks(per_chunk) {
@@ -483,7 +481,7 @@ impl QueueStore for SqliteStore {
     async fn has_due(&self) -> Result<bool> {
         self.counted(1);
         Ok(sqlx::query_scalar(&format!("SELECT {SOME_DUE}"))
-            .bind(clock_ms())
+            .bind(self.clock_ms())
             .fetch_one(&self.pool)
             .await?)
     }
@@ -536,7 +534,7 @@ impl QueueStore for SqliteStore {
     async fn retry_job(&self, org: &str, id: &str) -> Result<bool> {
         let _w = self.write.lock().await;
         let mut tx = self.begin_write().await?;
-        let now = clock_ms();
+        let now = self.clock_ms();
         self.counted(1);
         let row = sqlx::query(
             "UPDATE gnl_jobs SET state = 'pending', attempts = 0, run_at = ?3, updated_at = ?3, \
@@ -559,7 +557,7 @@ impl QueueStore for SqliteStore {
     async fn cancel_job(&self, org: &str, id: &str, reason: Option<&str>) -> Result<bool> {
         let _w = self.write.lock().await;
         let mut tx = self.begin_write().await?;
-        let now = clock_ms();
+        let now = self.clock_ms();
         let why = format!("canceled: {}", reason.unwrap_or("cancel_job was called"));
         self.counted(1);
         let n = sqlx::query(

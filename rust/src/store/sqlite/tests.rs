@@ -164,3 +164,34 @@ async fn big_batches_are_split_below_the_variable_limit() {
     s.enqueue(&jobs).await.unwrap();
     assert_eq!(s.max_seq().await.unwrap(), 20_000);
 }
+
+/// Issue 9, finding 9: a claim that skips the empty-poll read (a busy worker's) looks for
+/// expired leases at most every 250 ms, measured on the process's monotonic clock: a wall
+/// clock that steps back (NTP, a VM restore) does not stop those looks. The store's clock is
+/// stepped back an hour through the test seam; leases and due instants use that clock, so a
+/// job claimed after the step with a 20 ms lease has expired 300 ms later, and the next busy
+/// claim must take it back.
+#[tokio::test]
+async fn a_wall_clock_stepping_back_does_not_stop_reclaims() {
+    use crate::store::sqlite::SqliteStore;
+    use crate::store::url::SqliteTarget;
+    use crate::store::QueueStore;
+    let s = SqliteStore::connect(SqliteTarget::Memory, 1, true)
+        .await
+        .unwrap();
+    s.migrate().await.unwrap();
+    let mut busy = req(1, 60_000);
+    busy.probe = false;
+    // A busy claim now: it looks for expired leases (the first look of this store).
+    assert!(s.claim(&[], &busy).await.unwrap().is_empty());
+    s.step_clock(-3_600_000);
+    s.enqueue(&[job("", "x")]).await.unwrap();
+    let first = s.claim(&[], &req(1, 20)).await.unwrap().remove(0);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let again = s.claim(&[], &busy).await.unwrap();
+    assert_eq!(
+        again.iter().map(|j| (j.seq, j.attempt)).collect::<Vec<_>>(),
+        vec![(first.seq, 2)],
+        "the expired lease was not taken back"
+    );
+}
