@@ -483,3 +483,47 @@ async def test_ctx_run_in_a_job_repeats_no_completed_step(storage: gnl.Storage) 
     assert calls == {"pre": 1, "a": 1, "attempt-1-failed": 1, "b": 1}
     slept = await gnl.get_job(storage, "s")
     assert slept is not None and "ctx.sleep" in slept.result
+
+
+def test_gnl_runs_list_show_resolve(store_url: Any) -> None:
+    import json
+    import subprocess
+    import sys
+
+    url = store_url()
+
+    async def setup() -> None:
+        async with await gnl.connect(url) as st:
+
+            async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+                return await ctx.step("pay", lambda: 1, at_most_once=True)
+
+            await gnl.create_gnl(st, {"wf": wf}).run_workflow("wf", run_id="ok")
+            await _native.run_start(st._native, "stuck", "wf", None, None, None, "dead", None)
+            await _native.step_intent(st._native, "stuck", "pay", 0, 0, 5)
+
+    asyncio.run(setup())
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "gnl", "runs", *args, "--url", url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    listed = [json.loads(line) for line in cli("list", "--json").stdout.splitlines()]
+    assert sorted((r["run_id"], r["state"]) for r in listed) == [
+        ("ok", "done"),
+        ("stuck", "running"),
+    ]
+    shown = json.loads(cli("show", "stuck", "--json").stdout)
+    assert [(s["name"], s["state"]) for s in shown["steps"]] == [("pay", "intent")]
+    assert "pay" in cli("show", "stuck").stdout
+    assert cli("show", "nope").returncode == 1
+    assert cli("resolve", "stuck", "pay").returncode == 2  # neither --value nor --retry
+    done = cli("resolve", "stuck", "pay", "--value", '{"paid": true}')
+    assert done.returncode == 0, done.stderr
+    assert cli("resolve", "stuck", "pay", "--retry").returncode == 1  # nothing left to resolve
+    shown = json.loads(cli("show", "stuck", "--json").stdout)
+    assert shown["steps"][0]["result"] == {"paid": True}
