@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from . import _native
+from . import _native, durable
 from ._time import MAX_DURATION_MS, check_int
-from .durable import run_step
 from .errors import ExecutionRevokedError, GnlError, InvalidArgumentError, StoreUnavailableError
 from .signal import RevocationSignal
 from .storage import Journal, Storage, WorkStore, storage_of
@@ -75,6 +74,7 @@ class JobContext:
     __slots__ = (
         "_native",
         "_run_id",
+        "_steps",
         "_timer",
         "_warned",
         "attempt",
@@ -101,6 +101,7 @@ class JobContext:
         self.org_id = org_id
         self.attempt = attempt
         self._run_id: str | None = None
+        self._steps: durable._Steps | None = None
         self.signal = RevocationSignal()
         self._timer: asyncio.TimerHandle | None = None
         self._warned = False
@@ -113,17 +114,29 @@ class JobContext:
             run_id = self._run_id = _native.job_run_id(self.org_id, self.job_id)
         return run_id
 
-    async def step(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run ``fn(*args)`` once per ``(run_id, name)`` and journal its result.
+    def _journal_steps(self) -> durable._Steps:
+        steps = self._steps
+        if steps is None:
+            steps = self._steps = durable._Steps(self._native, self.run_id, self.signal)
+        return steps
 
-        The first completed result recorded for ``(run_id, name)`` is kept and returned on
-        every later call, so a reclaimed or retried handler does not repeat the side effect.
-        Two executors that race converge on the first recorded result.
+    async def step(
+        self, name: str, fn: Callable[..., Any], *args: Any, at_most_once: bool = False
+    ) -> Any:
+        """Run ``fn(*args)`` once per ``(run_id, name, n)`` and journal its result.
+
+        ``n`` counts the earlier calls of ``name`` in this handler call. The first completed
+        result recorded for the step is kept and returned on every later call, so a reclaimed
+        or retried handler does not repeat the side effect. Two executors that race converge
+        on the first recorded result. A step whose ``fn`` raises records nothing. Same
+        journal as :meth:`gnl.WorkflowContext.step` (``at_most_once`` included).
 
         Args:
-            name: The step's name, unique within the job.
+            name: The step's name (not starting with ``gnl.``).
             fn: A plain function or a coroutine function; its result must be JSON.
             *args: Passed to ``fn``.
+            at_most_once: Record the intent before calling ``fn``; a later attempt that
+                finds the intent without a result raises ``StepOutcomeUnknownError``.
 
         Returns:
             The recorded result (decoded JSON).
@@ -131,10 +144,56 @@ class JobContext:
         Raises:
             TypeError: ``name`` is not a str, ``fn`` is not callable, or its result is not JSON
                 (nothing is recorded then).
-            InvalidArgumentError: ``name`` is empty.
+            InvalidArgumentError: ``name`` is empty or starts with ``gnl.``.
             ExecutionRevokedError: the signal had aborted before the step started.
+            StepOutcomeUnknownError: an at-most-once step's earlier start left no result.
         """
-        return await run_step(self._native, self.run_id, self.signal, name, fn, *args)
+        return await durable.run_step(
+            self._journal_steps(), name, fn, *args, at_most_once=at_most_once
+        )
+
+    async def run(self, workflow: durable.Workflow, input: Any = None) -> Any:
+        """Run ``workflow`` as a durable run under this job's ``run_id``, with its signal.
+
+        ``workflow`` is an ``async (ctx: gnl.WorkflowContext, input)`` function like those
+        given to :func:`gnl.create_gnl`, recorded under its qualified name. A reclaimed or
+        retried job's run repeats none of its completed steps; the steps share the journal
+        (and the count of calls per name) with this handler's ``ctx.step``. The job's lease
+        covers the run (the waker never resumes it); ``ctx.sleep`` is refused in it. Call it
+        at most once per handler call.
+
+        Args:
+            workflow: The workflow function.
+            input: Its input (JSON), recorded on the first attempt; later attempts get the
+                recorded one.
+
+        Returns:
+            The workflow's return value (the recorded one when an earlier attempt finished).
+
+        Raises:
+            TypeError: ``workflow`` is not callable or ``input`` is not JSON.
+            GnlError: ``run`` was called twice in one handler call.
+            Exception: whatever the workflow raised (the attempt fails; the next resumes).
+        """
+        if not callable(workflow):
+            raise TypeError(f"workflow must be callable, not {type(workflow).__name__}")
+        steps = self._journal_steps()
+        if steps.recorded is not None:
+            raise GnlError("ctx.run may be called once per handler call")
+        name = f"{getattr(workflow, '__module__', '?')}.{getattr(workflow, '__qualname__', '?')}"
+        return await durable.execute(
+            self._native,
+            self.journal,
+            name,
+            workflow,
+            run_id=self.run_id,
+            input=input,
+            scheduled_for=None,
+            signal=self.signal,
+            preset=None,
+            lease_ms=30_000,
+            steps=steps,
+        )
 
     def __repr__(self) -> str:
         return f"<gnl.JobContext {self.type} id={self.job_id!r} attempt={self.attempt}>"

@@ -5,6 +5,7 @@
 mod cron;
 mod errors;
 mod jobs;
+mod journal;
 mod json;
 
 use std::future::Future;
@@ -366,29 +367,6 @@ impl NativeStore {
         })
     }
 
-    fn step_get<'py>(
-        &self,
-        py: Python<'py>,
-        run_id: String,
-        name: String,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let s = self.inner.clone();
-        spawn(py, async move { s.step_get(&run_id, &name).await })
-    }
-
-    /// Record `value` (checked as JSON) for step `name` unless recorded; returns the kept JSON.
-    fn step_put<'py>(
-        &self,
-        py: Python<'py>,
-        run_id: String,
-        name: String,
-        value: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let text = json::encode(value, &format!("the result of step {name:?}"))?;
-        let s = self.inner.clone();
-        spawn(py, async move { s.step_put(&run_id, &name, &text).await })
-    }
-
     fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let s = self.inner.clone();
         spawn(py, async move {
@@ -638,6 +616,7 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(default_retry_delay_ms, m)?)?;
     m.add_function(wrap_pyfunction!(quiesce, m)?)?;
     cron::register(m)?;
+    journal::register(m)?;
     m.add("SCHEMA_VERSION", store::latest_version("sqlite"))?;
     Ok(())
 }
