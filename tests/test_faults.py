@@ -30,7 +30,6 @@ from _faults import (
     pg_outage_start,
     row_lock,
     sql,
-    sqlite_outage,
     sqlite_path,
 )
 from _support import job_state, noop, wait_for
@@ -176,10 +175,11 @@ async def test_errors_and_reprs_do_not_show_the_password(
 # overlapping runs of one job
 
 
-@pytest.mark.parametrize("backend", ["sqlite"])
-async def test_a_store_outage_does_not_make_overlapping_runs(storage: gnl.Storage) -> None:
-    # The review's reproduction: a handler that ignores its signal, a 2 s outage (another
-    # process holds SQLite's write lock) that outlasts the lease.
+async def test_a_store_outage_does_not_make_overlapping_runs(
+    storage: gnl.Storage, backend: str
+) -> None:
+    # The review's reproduction: a handler that ignores its signal, a 2 s outage that outlasts
+    # the lease (another process holds SQLite's write lock; on a server, the job's row lock).
     runs: list[list[float]] = []  # [start, end] per run, in start order
     job_id = await gnl.enqueue(storage, "slow", None)
     loop = asyncio.get_running_loop()
@@ -195,7 +195,7 @@ async def test_a_store_outage_does_not_make_overlapping_runs(storage: gnl.Storag
     w.start()
     try:
         await wait_for(lambda: len(runs) == 1, what="the first run")
-        outage = await sqlite_outage(storage.url, 2.0)
+        outage = await row_lock(backend, storage.url, job_id, 2.0)
         await outage.wait()
         await wait_for(lambda: bool(runs) and runs[-1][1] < math.inf, timeout=30, what="a run")
 
@@ -308,12 +308,9 @@ def test_a_worker_whose_loop_ends_lets_its_leases_go(store_url: Callable[[], str
 # when it could not write them, never drops them silently
 
 
-async def _stop_during_outage(
-    storage: gnl.Storage, ttl_ms: int, outage_s: float
-) -> tuple[str, BaseException | None]:
-    """A handler returns while its store (Postgres: its database) refuses connections, then
-    ``stop()`` runs; the store comes back after ``outage_s``. The job id, and what stop()
-    raised."""
+async def _charging(storage: gnl.Storage, ttl_ms: int) -> tuple[str, gnl.Worker, asyncio.Event]:
+    """A started worker whose handler runs, and returns ``{"charged": True}`` once the event
+    is set: (the job id, the worker, the event)."""
     go = asyncio.Event()
     started = asyncio.Event()
 
@@ -326,6 +323,16 @@ async def _stop_during_outage(
     w = gnl.create_worker(storage, {"charge": charge}, ttl_ms=ttl_ms, poll_ms=20)
     w.start()
     await asyncio.wait_for(started.wait(), 10)
+    return job_id, w, go
+
+
+async def _stop_during_outage(
+    storage: gnl.Storage, ttl_ms: int, outage_s: float
+) -> tuple[str, BaseException | None]:
+    """A handler returns while its store (Postgres: its database) refuses connections, then
+    ``stop()`` runs; the store comes back after ``outage_s``. The job id, and what stop()
+    raised."""
+    job_id, w, go = await _charging(storage, ttl_ms)
     await pg_outage_start(storage.url)
     try:
         go.set()
@@ -338,6 +345,27 @@ async def _stop_during_outage(
     except gnl.GnlError as e:
         return job_id, e
     return job_id, None
+
+
+async def test_an_outage_spanning_stop_never_drops_the_success_silently(
+    storage: gnl.Storage, backend: str
+) -> None:
+    # On every engine: another session holds the job's row (SQLite: the file's write lock)
+    # from before the handler returns until after stop() began. stop() then either wrote the
+    # success or raised; it never returns with the job left to run again.
+    job_id, w, go = await _charging(storage, 20_000)
+    holder = await row_lock(backend, storage.url, job_id, 3.0)
+    go.set()
+    try:
+        await w.stop()
+    except gnl.StoreUnavailableError as e:
+        assert "could not be written" in str(e)
+        await holder.wait()
+        return
+    await holder.wait()
+    job = await gnl.get_job(storage, job_id)
+    assert job is not None
+    assert (job.state, job.result, job.attempts) == ("done", {"charged": True}, 1)
 
 
 @pytest.mark.parametrize("backend", ["postgres"])
