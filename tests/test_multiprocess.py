@@ -177,6 +177,21 @@ def count_kind(out: Path, kind: str, pid: int | None = None) -> int:
     return n
 
 
+def in_flight(out: Path, pid: int) -> int:
+    """How many attempts the handlers of ``pid`` have started and not yet finished."""
+    path = out / f"log-{pid}"
+    if not path.exists():
+        return 0
+    started: set[tuple[str, str]] = set()
+    for raw in path.read_text().splitlines():
+        _, kind, job, attempt, *_ = raw.split(" ")
+        if kind == "S":
+            started.add((job, attempt))
+        elif kind == "D":
+            started.discard((job, attempt))
+    return len(started)
+
+
 @dataclass
 class StepAudit:
     """What the ``step`` handlers' records say about each job's side effect."""
@@ -364,9 +379,12 @@ async def test_sigkill_mid_run_loses_nothing_and_steps_do_not_repeat(
             await start_together(fleet)
             victim = fleet.procs[0]
 
-            # Kill it once it has finished some jobs, while it is in the middle of others.
+            # Kill it once it has finished some jobs, while it is in the middle of others (a
+            # victim caught between claims, holding nothing, would test nothing).
             deadline = time.monotonic() + 60
-            while count_kind(tmp_path, "D", victim.pid) < 100:
+            while count_kind(tmp_path, "D", victim.pid) < 100 or not in_flight(
+                tmp_path, victim.pid
+            ):
                 fleet.check_alive("waiting to kill one")
                 assert time.monotonic() < deadline, f"the victim did no work\n{fleet.report()}"
                 await asyncio.sleep(0.01)

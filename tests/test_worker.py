@@ -660,7 +660,8 @@ async def test_step_runs_once_per_run_across_attempts(storage: gnl.Storage, kind
     assert job.result == {"charged": 42, "on_attempt": 1}
 
 
-async def test_steps_are_per_name_and_per_job(storage: gnl.Storage) -> None:
+async def test_steps_are_per_name_call_and_per_job(storage: gnl.Storage) -> None:
+    # Keyed (run_id, name, n): a second call of "a" is a step of its own (n = 1).
     calls: list[str] = []
 
     def record(tag: str) -> str:
@@ -670,16 +671,16 @@ async def test_steps_are_per_name_and_per_job(storage: gnl.Storage) -> None:
     async def handler(payload: Any, ctx: gnl.JobContext) -> list[str]:
         a = await ctx.step("a", record, f"{ctx.job_id}:a")
         b = await ctx.step("b", record, f"{ctx.job_id}:b")
-        a2 = await ctx.step("a", record, "never")
+        a2 = await ctx.step("a", record, f"{ctx.job_id}:a2")
         return [a, b, a2]
 
     await gnl.enqueue(storage, "t", None, id="j1")
     await gnl.enqueue(storage, "t", None, id="j1", org_id="acme")  # same id, another run
     await gnl.create_worker(storage, {"t": handler}).drain()
-    assert sorted(calls) == ["j1:a", "j1:a", "j1:b", "j1:b"]
+    assert sorted(calls) == ["j1:a", "j1:a", "j1:a2", "j1:a2", "j1:b", "j1:b"]
     for org in (None, "acme"):
         job = await gnl.get_job(storage, "j1", org_id=org)
-        assert job is not None and job.result == ["j1:a", "j1:b", "j1:a"]
+        assert job is not None and job.result == ["j1:a", "j1:b", "j1:a2"]
 
 
 async def test_step_result_must_be_json(storage: gnl.Storage) -> None:

@@ -1,6 +1,7 @@
 """The ``gnl`` command line (API.md "Command line and Studio").
 
-``gnl upgrade URL`` · ``gnl demo`` · ``gnl jobs list|show|retry|cancel``. Every command takes
+``gnl upgrade URL`` · ``gnl demo`` · ``gnl jobs list|show|retry|cancel`` ·
+``gnl runs list|show|resolve``. Every command takes
 ``--url`` or the ``GNL_URL`` environment variable. An error from gnl prints one line on stderr
 and exits with code 2; a command that finds nothing to do (an unknown job, a job that is not
 dead) exits with code 1.
@@ -24,11 +25,14 @@ from rich.table import Table
 
 import gnl
 
+from . import _native
+
 __all__ = ["cli", "main"]
 
 T = TypeVar("T")
 
 STATES = ("pending", "running", "done", "dead", "canceled")
+RUN_STATES = ("running", "suspended", "done", "failed")
 
 _url_option = click.option(
     "--url",
@@ -132,7 +136,7 @@ def upgrade(url_arg: str | None, url: str | None) -> None:
     """Bring the store at URL to the current schema (idempotent)."""
     target = _need_url(url_arg or url)
     version = _run(lambda: gnl.upgrade(target))
-    click.echo(f"{target}: schema version {version}")
+    click.echo(f"{_native.redact_url(target)}: schema version {version}")
 
 
 # -- demo -----------------------------------------------------------------------------------------
@@ -440,6 +444,143 @@ def jobs_cancel(job_id: str, url: str | None, org: str | None, reason: str | Non
         )
     else:
         click.echo(f"job {job_id!r} canceled")
+
+
+# -- runs -----------------------------------------------------------------------------------------
+
+
+@cli.group()
+def runs() -> None:
+    """List and show durable runs; resolve an at-most-once step left without result."""
+
+
+def _run_dict(run: gnl.RunInfo) -> dict[str, Any]:
+    return asdict(run)
+
+
+@runs.command("list")
+@_url_option
+@click.option("--state", type=click.Choice(RUN_STATES), help="Only runs in this state.")
+@click.option("--workflow", metavar="W", help="Only runs of this workflow.")
+@click.option(
+    "--limit", default=50, show_default=True, type=click.IntRange(1, 10_000), help="Runs to show."
+)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+def runs_list(
+    url: str | None, state: str | None, workflow: str | None, limit: int, as_json: bool
+) -> None:
+    """List durable runs, newest first (a running run whose lease expired is stuck: the
+    waker resumes it)."""
+    target = _need_store(url)
+
+    async def go() -> list[gnl.RunInfo]:
+        async with await _open(target) as storage:
+            return await gnl.list_runs(storage, state=state, workflow=workflow, limit=limit)
+
+    items = _run(go)
+    if as_json:
+        for run in items:
+            click.echo(json.dumps(_run_dict(run), ensure_ascii=False))
+        return
+    console = Console()
+    if not items:
+        console.print("no runs" + (" matching the filters" if state or workflow else ""))
+        return
+    table = Table(header_style="bold")
+    for col in ("run id", "workflow", "state", "created (UTC)", "wake at / lease until", "error"):
+        table.add_column(col, no_wrap=col not in ("run id", "error"))
+    for run in items:
+        table.add_row(
+            escape(run.run_id),
+            escape(run.workflow),
+            run.state,
+            _when(run.created_at),
+            _when(run.wake_at if run.state == "suspended" else run.lease_expires_at),
+            escape(_short(run.error)),
+        )
+    console.print(table)
+
+
+@runs.command("show")
+@click.argument("run_id", metavar="RUN_ID")
+@_url_option
+@click.option("--json", "as_json", is_flag=True, help="Print the run as one JSON object.")
+def runs_show(run_id: str, url: str | None, as_json: bool) -> None:
+    """Show one run and its recorded steps."""
+    target = _need_store(url)
+
+    async def go() -> gnl.RunInfo | None:
+        async with await _open(target) as storage:
+            return await gnl.get_run(storage, run_id)
+
+    run = _run(go)
+    if run is None:
+        _fail(f"no run {run_id!r}", 1)
+    if as_json:
+        click.echo(json.dumps(_run_dict(run), ensure_ascii=False, indent=2))
+        return
+    console = Console()
+    head = Table(show_header=False, box=None, pad_edge=False)
+    head.add_column(style="bold")
+    head.add_column()
+    for k, v in (
+        ("run id", run.run_id),
+        ("workflow", run.workflow),
+        ("state", run.state + (f" ({run.preset})" if run.preset else "")),
+        ("created", _when(run.created_at)),
+        ("updated", _when(run.updated_at)),
+        ("wake at", _when(run.wake_at)),
+        ("lease", f"{run.lease_owner or '—'} until {_when(run.lease_expires_at)}"),
+        ("error", run.error or "—"),
+        ("input", json.dumps(run.input, ensure_ascii=False)),
+        ("result", json.dumps(run.result, ensure_ascii=False)),
+    ):
+        head.add_row(k, escape(v))
+    console.print(head)
+    steps = Table(header_style="bold")
+    for col in ("#", "step", "n", "state", "recorded (UTC)", "result"):
+        steps.add_column(col, no_wrap=col != "result")
+    for st in run.steps:
+        steps.add_row(
+            str(st.position),
+            escape(st.name),
+            str(st.n),
+            st.state,
+            _when(st.started_at),
+            escape(_short(json.dumps(st.result, ensure_ascii=False))),
+        )
+    console.print(steps)
+
+
+@runs.command("resolve")
+@click.argument("run_id", metavar="RUN_ID")
+@click.argument("step", metavar="STEP")
+@_url_option
+@click.option("--n", "n", default=0, show_default=True, type=click.IntRange(0), help="Which call.")
+@click.option("--value", metavar="JSON", help="It happened: record this JSON as its result.")
+@click.option("--retry", is_flag=True, help="It did not happen: run the step again.")
+def runs_resolve(
+    run_id: str, step: str, url: str | None, n: int, value: str | None, retry: bool
+) -> None:
+    """Resolve an at-most-once step whose earlier start left no result
+    (StepOutcomeUnknownError): --value JSON or --retry."""
+    target = _need_store(url)
+    if (value is None) == (not retry):
+        raise click.UsageError("give exactly one of --value JSON and --retry")
+    try:
+        decoded = None if value is None else json.loads(value)
+    except json.JSONDecodeError as e:
+        raise click.UsageError(f"--value is not JSON: {e}") from None
+
+    async def go() -> bool:
+        async with await _open(target) as storage:
+            if retry:
+                return await gnl.resolve_step(storage, run_id, step, n=n, retry=True)
+            return await gnl.resolve_step(storage, run_id, step, n=n, value=decoded)
+
+    if not _run(go):
+        _fail(f"step {step!r} (call {n}) of run {run_id!r} is not an unresolved intent", 1)
+    click.echo(f"step {step!r} (call {n}) of run {run_id!r} resolved; resume the run")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -1,67 +1,850 @@
-"""Durable runs (API.md "Durable runs"): steps journaled under a run id.
+"""Durable runs (API.md "Durable runs"): workflows whose steps are journaled under a run id.
 
-Today a run is a job's (``JobContext.run_id``) and :func:`run_step` is the mechanism behind
-``ctx.step``; workflows, their context and the waker grow here. The store calls are native
-(``NativeStore.step_get`` / ``step_put``, the journal's ``gnl_steps`` table).
+* :func:`create_gnl` returns a :class:`Gnl`, the runner: ``run_workflow(name, run_id=...)``
+  starts a run or resumes it. A run's steps (``ctx.step``) are keyed ``(run_id, name, n)``,
+  ``n`` counting the earlier calls of ``name`` in the run; the first recorded result is kept
+  and read back by every later execution, so two executors, a crash and a resume converge on
+  one recorded result per step.
+* A run has a record (``gnl_runs``) with a state (``running``, ``suspended``, ``done``,
+  ``failed``). A running run holds a lease, renewed off the Python thread; the waker
+  (:func:`create_workflow_waker`) resumes suspended runs whose sleep has elapsed and running
+  runs whose lease expired (their process died), each wake-up once across every waker.
+* ``preset="critical"`` adds a run lock on ``run_id`` (fencing token, renewed off the Python
+  thread, released when the execution ends or suspends).
+* ``ctx.step(..., at_most_once=True)`` records the intent before calling ``fn``; an intent
+  without result found by a later execution raises :class:`~gnl.StepOutcomeUnknownError`
+  (resolve it with :func:`resolve_step`).
+* A job handler's ``ctx.step`` and ``ctx.run`` use the same journal under the job's run id.
+
+Every store call is native (``gnl._native``: ``run_start``, ``step_put``, … and
+``RunKeeper``, the renewal task).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import inspect
 import json
-from collections.abc import Callable
+import logging
+import os
+import secrets
+import socket
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from . import _native
-from .errors import InvalidArgumentError
+from ._time import MAX_DURATION_MS, check_int, to_ms
+from .errors import (
+    ExecutionRevokedError,
+    GnlError,
+    InvalidArgumentError,
+    RunBusyError,
+    StepOutcomeUnknownError,
+    StoreUnavailableError,
+)
 from .signal import RevocationSignal
+from .storage import Journal, Storage, WorkStore, native_of
 
-__all__ = ["run_step"]
+__all__ = [
+    "Gnl",
+    "RunInfo",
+    "RunSuspended",
+    "StepInfo",
+    "Workflow",
+    "WorkflowContext",
+    "WorkflowWaker",
+    "claim",
+    "create_gnl",
+    "create_workflow_waker",
+    "get_run",
+    "list_runs",
+    "resolve_step",
+    "run_step",
+]
+
+log = logging.getLogger("gnl")
+
+#: ``async def workflow(ctx: WorkflowContext, input) -> JSON``
+Workflow = Callable[["WorkflowContext", Any], Awaitable[Any]]
+
+#: The presets ``run_workflow`` knows.
+PRESETS = (None, "critical")
+
+#: This process, as a lease owner: ``host:pid``; each execution adds a nonce.
+_PROCESS = f"{socket.gethostname()}:{os.getpid()}"
+
+#: The step name of ``ctx.sleep`` (names starting ``gnl.`` are gnl's own).
+_SLEEP = "gnl.sleep"
+_CLAIM = "gnl.claim"
+
+_MISSING: Any = object()
+
+# A recorded step: (name, n, position, state, result_json, started_at).
+_Rec = tuple[str, int, int, str, str | None, int]
+
+
+@dataclass(frozen=True, slots=True)
+class RunSuspended:
+    """What ``run_workflow`` returns for a run that sleeps (``ctx.sleep``).
+
+    Attributes:
+        wake_at: When the sleep ends (epoch ms UTC, store clock); the waker resumes the run
+            then, and a ``run_workflow`` before then suspends it again.
+    """
+
+    wake_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepInfo:
+    """A recorded step of a run.
+
+    Attributes:
+        name: The step's name.
+        n: Its number among the run's calls of that name (0-based).
+        position: Its place among the run's steps (0-based).
+        state: ``"done"``, or ``"intent"`` (an at-most-once step started, no result yet).
+        result: The recorded result (decoded JSON; None while an intent).
+        started_at: When it was recorded (an intent: when it started), epoch ms UTC.
+    """
+
+    name: str
+    n: int
+    position: int
+    state: str
+    result: Any
+    started_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """A durable run as recorded.
+
+    Attributes:
+        run_id: The run's id.
+        workflow: The workflow's name.
+        preset: ``"critical"`` or None.
+        state: ``"running"``, ``"suspended"``, ``"done"`` or ``"failed"``.
+        input: The run's input (decoded JSON).
+        result: The workflow's return value once done (decoded JSON), else None.
+        error: The last execution's error once failed, else None.
+        scheduled_for: The slot it runs for (epoch ms UTC) or None.
+        wake_at: When a suspended run's sleep ends (epoch ms UTC) or None.
+        lease_owner: The process executing a running run (``host:pid:nonce``) or None.
+        lease_expires_at: When its lease lapses unless renewed (epoch ms UTC) or None (a
+            job's run: the job's lease covers it).
+        created_at: When the run was created (epoch ms UTC).
+        updated_at: When its state last changed (epoch ms UTC).
+        steps: Its recorded steps in position order (empty in listings).
+    """
+
+    run_id: str
+    workflow: str
+    preset: str | None
+    state: str
+    input: Any
+    result: Any
+    error: str | None
+    scheduled_for: int | None
+    wake_at: int | None
+    lease_owner: str | None
+    lease_expires_at: int | None
+    created_at: int
+    updated_at: int
+    steps: tuple[StepInfo, ...] = ()
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def _run_info(raw: _native.RawRun, steps: list[_Rec] | None = None) -> RunInfo:
+    return RunInfo(
+        run_id=raw.run_id,
+        workflow=raw.workflow,
+        preset=raw.preset,
+        state=raw.state,
+        input=_loads(raw.input),
+        result=_loads(raw.result),
+        error=raw.error,
+        scheduled_for=raw.scheduled_for,
+        wake_at=raw.wake_at,
+        lease_owner=raw.lease_owner,
+        lease_expires_at=raw.lease_expires_at,
+        created_at=raw.created_at,
+        updated_at=raw.updated_at,
+        steps=tuple(
+            StepInfo(
+                name=s[0], n=s[1], position=s[2], state=s[3], result=_loads(s[4]), started_at=s[5]
+            )
+            for s in steps or ()
+        ),
+    )
+
+
+class _Suspend(BaseException):
+    """Raised by ``ctx.sleep`` to end an execution; ``run_workflow`` returns RunSuspended.
+
+    A BaseException, so a workflow's ``except Exception`` does not swallow it.
+    """
+
+    def __init__(self, wake_at: int) -> None:
+        super().__init__(wake_at)
+        self.wake_at = wake_at
+
+
+class _Steps:
+    """The journal of one execution of a run: counts the calls of each step name and their
+    positions, and serves recorded steps (read at start for a workflow; one at a time for a
+    job's ``ctx.step``, whose run has no record until ``ctx.run``)."""
+
+    __slots__ = ("counts", "native", "now_ms", "pos", "recorded", "run_id", "signal", "sleeps")
+
+    def __init__(self, native: _native.NativeStore, run_id: str, signal: RevocationSignal) -> None:
+        self.native = native
+        self.run_id = run_id
+        self.signal = signal
+        self.counts: dict[str, int] = {}
+        self.pos = 0
+        self.recorded: dict[int, _Rec] | None = None
+        self.now_ms = 0
+        self.sleeps = False
+
+    def _next(self, name: str) -> tuple[int, int, _Rec | None]:
+        """This call's (position, n) and what the loaded journal holds at that position."""
+        self.signal.raise_if_aborted()
+        pos = self.pos
+        self.pos = pos + 1
+        n = self.counts.get(name, 0)
+        self.counts[name] = n + 1
+        rec = None
+        if self.recorded is not None:
+            rec = self.recorded.get(pos)
+            if rec is not None and (rec[0] != name or rec[1] != n):
+                raise GnlError(
+                    f"run {self.run_id!r} no longer matches its journal: step {pos} is recorded "
+                    f"as {rec[0]!r} (call {rec[1]}) but the code now calls {name!r} (call {n}); "
+                    "the run fails (finish it with the code it started with, or start a new run)"
+                )
+        return pos, n, rec
+
+    def _unknown(self, name: str, n: int, started_at: int) -> StepOutcomeUnknownError:
+        return StepOutcomeUnknownError(
+            f"step {name!r} (call {n}) of run {self.run_id!r} is at-most-once and was started at "
+            f"{started_at} (epoch ms) by an execution that recorded no result: it is not called "
+            "again; resolve it with gnl.resolve_step or `gnl runs resolve`",
+            run_id=self.run_id,
+            step=name,
+            n=n,
+            started_at=started_at,
+        )
+
+    async def step(
+        self, name: str, fn: Callable[..., Any], args: tuple[Any, ...], at_most_once: bool
+    ) -> Any:
+        if not isinstance(name, str):
+            raise TypeError(f"step name must be a str, not {type(name).__name__}")
+        if not name:
+            raise InvalidArgumentError("step name must be a non-empty string")
+        if name.startswith("gnl."):
+            raise InvalidArgumentError(f"step names starting with 'gnl.' are gnl's own: {name!r}")
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, not {type(fn).__name__}")
+        if not isinstance(at_most_once, bool):
+            raise TypeError(f"at_most_once must be a bool, not {type(at_most_once).__name__}")
+        pos, n, rec = self._next(name)
+        native, run_id = self.native, self.run_id
+        if self.recorded is None:
+            rec = await _native.step_get(native, run_id, name, n)
+        if rec is not None:
+            if rec[3] == "done":
+                return _loads(rec[4])
+            raise self._unknown(name, n, rec[5])
+        if at_most_once:
+            return await self._at_most_once(name, n, pos, fn, args)
+        value = fn(*args)
+        if inspect.isawaitable(value):
+            value = await value
+        kept = await _native.step_put(native, run_id, name, n, pos, value)
+        if kept is None:
+            return value
+        if kept[3] == "done":
+            return _loads(kept[4])
+        raise self._unknown(name, n, kept[5])
+
+    async def _at_most_once(
+        self, name: str, n: int, pos: int, fn: Callable[..., Any], args: tuple[Any, ...]
+    ) -> Any:
+        native, run_id = self.native, self.run_id
+        token = secrets.randbits(62) + 1
+        kept = await _native.step_intent(native, run_id, name, n, pos, token)
+        if kept is not None:
+            if kept[3] == "done":
+                return _loads(kept[4])
+            raise self._unknown(name, n, kept[5])
+        try:
+            value = fn(*args)
+            if inspect.isawaitable(value):
+                value = await value
+            _native.encode_json(value, f"the result of step {name!r}")
+        except Exception:
+            # It raised (or returned what cannot be recorded): nothing is recorded, a later
+            # attempt runs it again.
+            await _native.step_resolve(native, run_id, name, n, None, True)
+            raise
+        if not await _native.step_finish(native, run_id, name, n, token, value):
+            row = await _native.step_get(native, run_id, name, n)
+            if row is not None and row[3] == "done":
+                return _loads(row[4])
+            raise GnlError(
+                f"step {name!r} (call {n}) of run {run_id!r} was resolved by an operator while it "
+                "ran; its result was not recorded"
+            )
+        return value
+
+    async def sleep(self, ms: int) -> None:
+        check_int(ms, "ms", 0, MAX_DURATION_MS)
+        if not self.sleeps:
+            raise InvalidArgumentError(
+                "ctx.sleep is not available in a job's run (the job's retry is its timer); "
+                "run the workflow with gnl.create_gnl(...).run_workflow"
+            )
+        pos, n, rec = self._next(_SLEEP)
+        native, run_id = self.native, self.run_id
+        if rec is not None:
+            wake_at = int(_loads(rec[4]))
+        else:
+            wake_at = await native.now_ms() + ms
+            kept = await _native.step_put(native, run_id, _SLEEP, n, pos, wake_at)
+            if kept is not None:
+                wake_at = int(_loads(kept[4]))
+        if wake_at <= self.now_ms or wake_at <= await native.now_ms():
+            return
+        await _native.run_suspend(native, run_id, wake_at)
+        raise _Suspend(wake_at)
 
 
 async def run_step(
-    native: _native.NativeStore,
-    run_id: str,
-    signal: RevocationSignal,
-    name: str,
-    fn: Callable[..., Any],
-    *args: Any,
+    steps: _Steps, name: str, fn: Callable[..., Any], *args: Any, at_most_once: bool = False
 ) -> Any:
-    """Run ``fn(*args)`` once per ``(run_id, name)`` and journal its result.
+    """Run ``fn(*args)`` as step ``name`` of ``steps``' run (``ctx.step`` of jobs and
+    workflows); see :meth:`WorkflowContext.step`."""
+    return await steps.step(name, fn, args, at_most_once)
 
-    The journal is read first: a recorded result is returned without calling ``fn``. Else
-    ``fn`` runs (awaited when it returns an awaitable) and its result is recorded unless
-    another executor recorded one first; the first recorded result is returned either way.
+
+class WorkflowContext:
+    """What a workflow gets besides its input.
+
+    Attributes:
+        run_id: The run's id.
+        scheduled_for: The slot this run is for (epoch ms UTC, kept across resumes), or None.
+        signal: Aborts to stop the run at its next step boundary (see
+            :class:`~gnl.RevocationSignal`).
+        journal: The journal the run is recorded in.
+    """
+
+    __slots__ = ("_steps", "journal", "run_id", "scheduled_for", "signal")
+
+    def __init__(
+        self,
+        steps: _Steps,
+        journal: Journal,
+        scheduled_for: int | None,
+    ) -> None:
+        self._steps = steps
+        self.run_id = steps.run_id
+        self.signal = steps.signal
+        self.journal = journal
+        self.scheduled_for = scheduled_for
+
+    async def step(
+        self, name: str, fn: Callable[..., Any], *args: Any, at_most_once: bool = False
+    ) -> Any:
+        """Run ``fn(*args)`` once per ``(run_id, name, n)`` and journal its result.
+
+        ``n`` counts the earlier calls of ``name`` in this run, so a loop records one result
+        per iteration. The journal is read first: a recorded result is returned without
+        calling ``fn``. Else ``fn`` runs and its result is recorded unless another executor
+        recorded one first; the first recorded result is returned either way. A step whose
+        ``fn`` raises records nothing (a later execution runs it again).
+
+        A plain step is at-least-once for its body (a process that dies between the side
+        effect and the record runs it again on resume) and exactly-once for its result. With
+        ``at_most_once=True`` the intent is recorded before ``fn`` is called (one more store
+        write): a later execution that finds the intent without a result raises
+        :class:`~gnl.StepOutcomeUnknownError` instead of calling ``fn`` again. Use it for
+        side effects that must never repeat and cannot be made idempotent (a payment without
+        an idempotency key); use a plain step for everything else.
+
+        Args:
+            name: The step's name (not starting with ``gnl.``).
+            fn: A plain function or a coroutine function; its result must be JSON.
+            *args: Passed to ``fn``.
+            at_most_once: Record the intent first (see above).
+
+        Returns:
+            The recorded result (decoded JSON).
+
+        Raises:
+            TypeError: ``name`` is not a str, ``fn`` is not callable, or its result is not JSON
+                (nothing is recorded then).
+            InvalidArgumentError: ``name`` is empty or starts with ``gnl.``.
+            ExecutionRevokedError: the run's signal aborted (the run stops here, resumable).
+            StepOutcomeUnknownError: an at-most-once step's earlier start left no result.
+            GnlError: the run's journal records another step at this position (the code
+                changed under a started run); the run fails.
+        """
+        return await self._steps.step(name, fn, args, at_most_once)
+
+    async def sleep(self, ms: int) -> None:
+        """Sleep durably: record the wake-up (store clock + ``ms``) and suspend the run.
+
+        ``run_workflow`` then returns :class:`RunSuspended`; the waker resumes the run once
+        the wake-up has passed, and the replay passes this call at once. A run resumed
+        earlier suspends again here without re-running its earlier steps.
+
+        Args:
+            ms: How long to sleep, in ms (``>= 0``).
+
+        Raises:
+            TypeError: ``ms`` is not an int.
+            InvalidArgumentError: ``ms`` is out of range, or this is a job's ``ctx.run``.
+        """
+        await self._steps.sleep(ms)
+
+    def __repr__(self) -> str:
+        return f"<gnl.WorkflowContext run_id={self.run_id!r}>"
+
+
+def _journal_of(store: Storage | WorkStore | Journal) -> Journal:
+    if isinstance(store, Journal):
+        return store
+    if isinstance(store, Storage):
+        return store.journal
+    if isinstance(store, WorkStore):
+        return store._storage.journal
+    raise TypeError(f"expected a gnl.Storage or gnl.Journal, not {type(store).__name__}")
+
+
+def _owner() -> str:
+    return f"{_PROCESS}:{secrets.token_hex(6)}"
+
+
+async def execute(
+    native: _native.NativeStore,
+    journal: Journal,
+    workflow: str,
+    fn: Workflow,
+    *,
+    run_id: str,
+    input: Any,
+    scheduled_for: int | datetime | None,
+    signal: RevocationSignal | None,
+    preset: str | None,
+    lease_ms: int,
+    steps: _Steps | None = None,
+) -> Any:
+    """Run or resume ``fn`` as run ``run_id`` (``run_workflow``; ``ctx.run`` passes the job's
+    ``steps``, whose run is the job's: no waker lease and no sleep)."""
+    if not isinstance(run_id, str):
+        raise TypeError(f"run_id must be a str, not {type(run_id).__name__}")
+    if not run_id:
+        raise InvalidArgumentError("run_id must be a non-empty string")
+    if preset not in PRESETS:
+        raise InvalidArgumentError(f"preset must be None or 'critical', got {preset!r}")
+    slot = None if scheduled_for is None else to_ms(scheduled_for, "scheduled_for")
+    if signal is None:
+        signal = steps.signal if steps is not None else RevocationSignal()
+    elif not isinstance(signal, RevocationSignal):
+        raise TypeError(f"signal must be a gnl.RevocationSignal, not {type(signal).__name__}")
+    if input is not None:
+        _native.encode_json(input, "input")  # refused before anything is written
+    owner = _owner()
+    job = steps is not None
+    lock: int | None = None
+    if preset == "critical":
+        lock = await _native.lock_acquire(native, run_id, owner, lease_ms)
+        if lock is None:
+            raise RunBusyError(
+                f"run {run_id!r} is being executed elsewhere (its run lock is held)",
+                at_lock_acquisition=True,
+            )
+    keeper: _native.RunKeeper | None = None
+    try:
+        state, result, rec_input, rec_slot, created, now, recorded = await _native.run_start(
+            native, run_id, workflow, preset, input, slot, owner, None if job else lease_ms
+        )
+        if state == "done":
+            return _loads(result)
+        if not job or lock is not None:
+            loop = asyncio.get_running_loop()
+            keeper = _native.RunKeeper(
+                native,
+                run_id,
+                lease_ms,
+                not job,
+                run_id if lock is not None else None,
+                lock or 0,
+                lambda why: signal.abort(why, f"run {run_id!r} lost its run lock"),
+                loop,
+            )
+        if steps is None:
+            steps = _Steps(native, run_id, signal)
+            steps.sleeps = True
+        else:
+            steps.signal = signal
+        steps.recorded = {r[2]: r for r in recorded}
+        steps.now_ms = now
+        if not created:
+            input = _loads(rec_input)
+        ctx = WorkflowContext(steps, journal, rec_slot)
+        try:
+            value = await fn(ctx, input)
+            kept = await _native.run_finish(native, run_id, value)
+        except _Suspend as s:
+            return RunSuspended(s.wake_at)
+        except Exception as e:
+            # The run stays resumable: a later run_workflow (a job's retry) runs it again.
+            with contextlib.suppress(Exception):
+                await _native.run_fail(native, run_id, f"{type(e).__name__}: {e}")
+            raise
+        return value if kept is None else _loads(kept)
+    finally:
+        if keeper is not None:
+            await keeper.stop()
+        elif lock is not None:
+            with contextlib.suppress(Exception):
+                await _native.lock_release(native, run_id, lock)
+
+
+class Gnl:
+    """The runner of durable workflows (:func:`create_gnl`); the scheduler and the waker call
+    its :meth:`run_workflow`."""
+
+    __slots__ = ("_journal", "_native", "_workflows", "lease_ms", "preset")
+
+    def __init__(
+        self,
+        journal: Journal,
+        workflows: Mapping[str, Workflow],
+        preset: str | None,
+        lease_ms: int,
+    ) -> None:
+        self._journal = journal
+        self._native = native_of(journal, "journal")
+        self._workflows = dict(workflows)
+        self.preset = preset
+        self.lease_ms = lease_ms
+
+    @property
+    def journal(self) -> Journal:
+        """The journal the runs are recorded in."""
+        return self._journal
+
+    @property
+    def workflows(self) -> Mapping[str, Workflow]:
+        """The workflows by name."""
+        return dict(self._workflows)
+
+    async def run_workflow(
+        self,
+        name: str,
+        *,
+        run_id: str,
+        input: Any = None,
+        scheduled_for: int | datetime | None = None,
+        signal: RevocationSignal | None = None,
+        preset: str | None = _MISSING,
+    ) -> Any:
+        """Run workflow ``name`` as run ``run_id``, or resume that run.
+
+        A new run records ``input`` and ``scheduled_for`` and starts; an existing one resumes
+        with its recorded input and slot (the arguments are ignored then): recorded steps are
+        read back in one store call and served without running them again. A finished run's
+        recorded return value is returned at once.
+
+        Args:
+            name: A workflow given to :func:`create_gnl`.
+            run_id: The run's id (non-empty, at most 4,000 characters).
+            input: The workflow's input (JSON).
+            scheduled_for: The slot this run is for (epoch ms UTC or an aware datetime).
+            signal: Aborting it stops the workflow at its next step boundary with the
+                signal's :class:`~gnl.ExecutionRevokedError` (the run stays resumable).
+            preset: ``"critical"``: take the run lock first (default: the runner's preset).
+
+        Returns:
+            The workflow's return value (decoded from the journal for a run that finished
+            before), or :class:`RunSuspended` when the run sleeps.
+
+        Raises:
+            InvalidArgumentError: unknown workflow (the message names the known ones), empty
+                ``run_id``, unknown preset, or ``run_id`` is a run of another workflow;
+                nothing is written.
+            TypeError: ``input`` or the return value is not JSON (for input: nothing written).
+            RunBusyError: ``preset="critical"`` and another executor holds the run lock
+                (``at_lock_acquisition=True``; nothing ran).
+            ExecutionRevokedError: the signal aborted.
+            StepOutcomeUnknownError: an at-most-once step's earlier start left no result.
+            Exception: whatever the workflow raised (the run's state is then ``failed``; a
+                later ``run_workflow`` runs it again).
+        """
+        if not isinstance(name, str):
+            raise TypeError(f"workflow name must be a str, not {type(name).__name__}")
+        fn = self._workflows.get(name)
+        if fn is None:
+            known = ", ".join(repr(k) for k in sorted(self._workflows)) or "none"
+            raise InvalidArgumentError(f"unknown workflow {name!r}; known workflows: {known}")
+        return await execute(
+            self._native,
+            self._journal,
+            name,
+            fn,
+            run_id=run_id,
+            input=input,
+            scheduled_for=scheduled_for,
+            signal=signal,
+            preset=self.preset if preset is _MISSING else preset,
+            lease_ms=self.lease_ms,
+        )
+
+    def __repr__(self) -> str:
+        return f"<gnl.Gnl workflows={sorted(self._workflows)}>"
+
+
+def create_gnl(
+    storage: Storage | Journal,
+    workflows: Mapping[str, Workflow] | None = None,
+    preset: str | None = None,
+    *,
+    lease_ms: int = 30_000,
+) -> Gnl:
+    """Create the runner of durable workflows.
 
     Args:
-        native: The store whose journal holds the run.
-        run_id: The run's id.
-        signal: The run's signal, checked before ``fn`` is called.
-        name: The step's name, unique within the run.
-        fn: A plain function or a coroutine function; its result must be JSON.
-        *args: Passed to ``fn``.
+        storage: A :class:`~gnl.Storage` or its journal.
+        workflows: Workflows by name: ``async def wf(ctx: gnl.WorkflowContext, input)``.
+        preset: The default preset of ``run_workflow``: None or ``"critical"``.
+        lease_ms: How long a running run stays alive without a renewal (renewed every third
+            of it, off the Python thread); once it lapses (the process died) the waker resumes
+            the run. Also the critical preset's run-lock lease.
 
     Returns:
-        The recorded result (decoded JSON).
+        A :class:`Gnl` (the runner the scheduler and :func:`create_workflow_waker` take).
 
     Raises:
-        TypeError: ``name`` is not a str, ``fn`` is not callable, or its result is not JSON
-            (nothing is recorded then).
-        InvalidArgumentError: ``name`` is empty.
-        ExecutionRevokedError: the signal had aborted before the step started.
+        TypeError: a workflow is not callable or a name is not a str.
+        InvalidArgumentError: an empty workflow name, an unknown preset, ``lease_ms`` < 3.
     """
-    if not isinstance(name, str):
-        raise TypeError(f"step name must be a str, not {type(name).__name__}")
-    if not name:
-        raise InvalidArgumentError("step name must be a non-empty string")
-    if not callable(fn):
-        raise TypeError(f"fn must be callable, not {type(fn).__name__}")
-    recorded = await native.step_get(run_id, name)
-    if recorded is not None:
-        return json.loads(recorded)
-    signal.raise_if_aborted()
-    value = fn(*args)
-    if inspect.isawaitable(value):
-        value = await value
-    kept = await native.step_put(run_id, name, value)
-    return json.loads(kept)
+    journal = _journal_of(storage)
+    wfs = dict(workflows or {})
+    for k, v in wfs.items():
+        if not isinstance(k, str):
+            raise TypeError(f"workflow names must be str, not {type(k).__name__}")
+        if not k:
+            raise InvalidArgumentError("workflow names must be non-empty")
+        if not callable(v):
+            raise TypeError(f"workflow {k!r} is not callable")
+    if preset not in PRESETS:
+        raise InvalidArgumentError(f"preset must be None or 'critical', got {preset!r}")
+    check_int(lease_ms, "lease_ms", 3, MAX_DURATION_MS)
+    return Gnl(journal, wfs, preset, lease_ms)
+
+
+async def claim(journal: Storage | Journal, key: str, value: Any) -> Any:
+    """Record ``value`` under ``key`` unless a value is recorded; return the recorded one.
+
+    The first writer wins: every caller with the same key gets the same (first) value.
+
+    Args:
+        journal: A :class:`~gnl.Storage` or its journal.
+        key: Non-empty, at most 4,000 characters.
+        value: JSON.
+
+    Returns:
+        The recorded value (``value`` itself when this call recorded it).
+
+    Raises:
+        TypeError: ``key`` is not a str or ``value`` is not JSON (nothing recorded).
+        InvalidArgumentError: ``key`` is empty or too long.
+    """
+    if not isinstance(key, str):
+        raise TypeError(f"key must be a str, not {type(key).__name__}")
+    native = native_of(_journal_of(journal), "journal")
+    kept = await _native.step_put(native, key, _CLAIM, 0, 0, value)
+    return value if kept is None else _loads(kept[4])
+
+
+async def list_runs(
+    storage: Storage | Journal,
+    *,
+    state: str | None = None,
+    workflow: str | None = None,
+    limit: int = 50,
+) -> list[RunInfo]:
+    """Runs, newest first (``gnl runs list``); their ``steps`` are left empty.
+
+    Args:
+        storage: A :class:`~gnl.Storage` or its journal.
+        state: Only runs in this state (``running``, ``suspended``, ``done``, ``failed``).
+        workflow: Only runs of this workflow.
+        limit: At most this many (1 to 10,000).
+
+    Raises:
+        InvalidArgumentError: an unknown state or a limit out of range.
+    """
+    check_int(limit, "limit", 1, 10_000)
+    native = native_of(_journal_of(storage), "journal")
+    return [_run_info(r) for r in await _native.list_runs(native, state, workflow, limit)]
+
+
+async def get_run(storage: Storage | Journal, run_id: str) -> RunInfo | None:
+    """A run with its recorded steps (``gnl runs show``), or None when there is none.
+
+    Raises:
+        TypeError: ``run_id`` is not a str.
+        InvalidArgumentError: ``run_id`` is empty.
+    """
+    if not isinstance(run_id, str):
+        raise TypeError(f"run_id must be a str, not {type(run_id).__name__}")
+    native = native_of(_journal_of(storage), "journal")
+    got = await _native.run_get(native, run_id)
+    return None if got is None else _run_info(got[0], got[1])
+
+
+async def resolve_step(
+    storage: Storage | Journal,
+    run_id: str,
+    step: str,
+    *,
+    n: int = 0,
+    value: Any = _MISSING,
+    retry: bool = False,
+) -> bool:
+    """Resolve an at-most-once step left without result (:class:`~gnl.StepOutcomeUnknownError`).
+
+    Give exactly one of ``value`` (the side effect happened: record this as its result, so the
+    run goes on with it) and ``retry=True`` (it did not: the next execution calls the step's
+    function again). Then resume the run (``run_workflow``, or let the job retry).
+
+    Args:
+        storage: A :class:`~gnl.Storage` or its journal.
+        run_id: The run.
+        step: The step's name.
+        n: Which call of that name (0-based; the error's ``.n``).
+        value: The result to record (JSON).
+        retry: Let the step run again instead.
+
+    Returns:
+        True when the step was an intent without result and is now resolved; False (nothing
+        changed) when it is unknown or already done.
+
+    Raises:
+        InvalidArgumentError: neither or both of ``value`` and ``retry``.
+        TypeError: ``value`` is not JSON.
+    """
+    if not isinstance(retry, bool):
+        raise TypeError(f"retry must be a bool, not {type(retry).__name__}")
+    if (value is _MISSING) == (not retry):
+        raise InvalidArgumentError("give exactly one of value=... and retry=True")
+    check_int(n, "n", 0)
+    native = native_of(_journal_of(storage), "journal")
+    return await _native.step_resolve(native, run_id, step, n, None if retry else value, retry)
+
+
+class WorkflowWaker:
+    """Resumes runs whose time has come (:func:`create_workflow_waker`): suspended runs whose
+    sleep has elapsed and running runs whose lease expired (their process died).
+
+    Each wake-up is claimed with a compare-and-set that gives the run a fresh lease, so of
+    several wakers (in several processes) exactly one resumes it. A tick claims at most
+    ``batch`` runs (oldest due first) and runs them concurrently; the loop ticks every
+    ``interval_ms`` and, while the store is away, backs off (doubling, up to 32 intervals).
+    """
+
+    def __init__(self, gnl: Gnl, interval_ms: int, batch: int) -> None:
+        self._gnl = gnl
+        self._native = native_of(gnl.journal, "journal")
+        self.interval_ms = interval_ms
+        self.batch = batch
+        self._owner = _owner()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping: asyncio.Event | None = None
+
+    async def tick(self) -> int:
+        """Claim the due runs (at most ``batch``) and resume them; return how many.
+
+        Each resumed run runs to its end or its next sleep before this returns; a run that
+        raises is logged (logger ``"gnl"``), not raised.
+
+        Raises:
+            StoreUnavailableError: the store could not be reached for the claim.
+        """
+        g = self._gnl
+        due = await _native.runs_due(
+            self._native, sorted(g._workflows), self._owner, g.lease_ms, self.batch
+        )
+        if due:
+            await asyncio.gather(*(self._resume(r) for r in due))
+        return len(due)
+
+    async def _resume(self, run: _native.RawRun) -> None:
+        try:
+            await self._gnl.run_workflow(run.workflow, run_id=run.run_id, preset=run.preset)
+        except RunBusyError:
+            log.debug("gnl waker: run %r is being executed elsewhere", run.run_id)
+        except (ExecutionRevokedError, asyncio.CancelledError):
+            raise
+        except Exception as e:
+            log.warning("gnl waker: resumed run %r raised %s: %s", run.run_id, type(e).__name__, e)
+
+    def start(self) -> None:
+        """Start ticking on the running loop (every ``interval_ms``)."""
+        if self._task is not None and not self._task.done():
+            return
+        self._stopping = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._loop(self._stopping))
+
+    async def _loop(self, stopping: asyncio.Event) -> None:
+        pause = self.interval_ms
+        while not stopping.is_set():
+            try:
+                n = await self.tick()
+                pause = 0 if n >= self.batch else self.interval_ms
+            except StoreUnavailableError as e:
+                pause = min(max(pause, self.interval_ms) * 2, self.interval_ms * 32)
+                log.warning("gnl waker: store unavailable (%s); next try in %d ms", e, pause)
+            except Exception as e:
+                pause = self.interval_ms
+                log.exception("gnl waker: tick failed: %s", e)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stopping.wait(), pause / 1000)
+
+    async def stop(self) -> None:
+        """Stop ticking; waits for the runs this waker is resuming."""
+        if self._stopping is not None:
+            self._stopping.set()
+        if self._task is not None:
+            await self._task
+            self._task = None
+
+
+def create_workflow_waker(gnl: Gnl, interval_ms: int = 5_000, *, batch: int = 100) -> WorkflowWaker:
+    """Create the waker of ``gnl``'s runs (see :class:`WorkflowWaker`).
+
+    Args:
+        gnl: The runner (:func:`create_gnl`); only runs of its workflows are resumed.
+        interval_ms: The time between ticks, in ms.
+        batch: The most runs one tick resumes.
+
+    Raises:
+        TypeError: ``gnl`` is not a :class:`Gnl`.
+        InvalidArgumentError: ``interval_ms`` < 1 or ``batch`` < 1.
+    """
+    if not isinstance(gnl, Gnl):
+        raise TypeError(f"gnl must be a gnl.Gnl (gnl.create_gnl), not {type(gnl).__name__}")
+    check_int(interval_ms, "interval_ms", 1, MAX_DURATION_MS)
+    check_int(batch, "batch", 1, 10_000)
+    return WorkflowWaker(gnl, interval_ms, batch)

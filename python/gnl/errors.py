@@ -17,6 +17,7 @@ __all__ = [
     "RunBusyError",
     "SchemaOutdatedError",
     "SchemaTooNewError",
+    "StepOutcomeUnknownError",
     "StoreUnavailableError",
     "TriggerConflictError",
     "UnsupportedStoreError",
@@ -88,8 +89,8 @@ class ExecutionRevokedError(GnlError):
 
     Attributes:
         why: ``"canceled"`` (``cancel_job``), ``"lease-lost"`` (a renewal answered that the lease
-            is not this worker's, or three renewals in a row went unanswered) or ``"timeout"``
-            (``max_hold_ms`` ran out).
+            is not this worker's, or no renewal held for ``ttl_ms * 5/6`` since the last good
+            one: before the lease ends) or ``"timeout"`` (``max_hold_ms`` ran out).
     """
 
     def __init__(self, why: str = "canceled", message: str | None = None) -> None:
@@ -107,6 +108,31 @@ class RunBusyError(GnlError):
     def __init__(self, message: str = "", at_lock_acquisition: bool = False) -> None:
         super().__init__(message)
         self.at_lock_acquisition = at_lock_acquisition
+
+
+class StepOutcomeUnknownError(GnlError):
+    """An at-most-once step was started by an earlier execution that recorded no result.
+
+    Its function may or may not have run to completion (the process died in between), so it is
+    not called again. An operator decides: ``gnl.resolve_step(storage, run_id, step, n=n,
+    value=...)`` (it happened: record its result) or ``retry=True`` (it did not: run it again);
+    also ``gnl runs resolve``.
+
+    Attributes:
+        run_id: The run.
+        step: The step's name.
+        n: The step's number among the run's calls of that name (0-based).
+        started_at: When the earlier execution recorded its intent (epoch ms UTC).
+    """
+
+    def __init__(
+        self, message: str = "", run_id: str = "", step: str = "", n: int = 0, started_at: int = 0
+    ) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.step = step
+        self.n = n
+        self.started_at = started_at
 
 
 class SchemaOutdatedError(GnlError):

@@ -42,6 +42,12 @@ class Storage:
     """An open store: one connection pool shared by :attr:`work` and :attr:`journal`.
 
     Create one with :func:`connect`. Use ``async with`` (or :meth:`close`) to close the pool.
+
+    Attributes:
+        url: The URL it was opened with (password included: it is what connects; ``repr``
+            shows it with the password as ``***``).
+        work: The work store (jobs, events).
+        journal: The journal (durable runs, steps).
     """
 
     __slots__ = ("_closed", "_native", "journal", "url", "work")
@@ -88,7 +94,7 @@ class Storage:
         await self.close()
 
     def __repr__(self) -> str:
-        return f"<gnl.Storage {self.backend} {self.url!r}>"
+        return f"<gnl.Storage {self.backend} {_native.redact_url(self.url)!r}>"
 
 
 def native_of(store: Storage | WorkStore | Journal, what: str = "work") -> _native.NativeStore:

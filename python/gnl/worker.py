@@ -7,6 +7,7 @@ native (``gnl._native.NativeWorker``); this module runs handlers and keeps the p
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -18,9 +19,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from . import _native
+from . import _native, durable
 from ._time import MAX_DURATION_MS, check_int
-from .durable import run_step
 from .errors import ExecutionRevokedError, GnlError, InvalidArgumentError, StoreUnavailableError
 from .signal import RevocationSignal
 from .storage import Journal, Storage, WorkStore, storage_of
@@ -34,6 +34,9 @@ Handler = Callable[[Any, "JobContext"], Awaitable[Any]]
 
 #: A claimed job: (seq, token, org_id, id, type, payload_json, attempt).
 ClaimedJob = tuple[int, int, str | None, str, str, str, int]
+#: One attempt of a job: (seq, fencing token). A job this worker claims again after its lease
+#: was lost is a new attempt (a new token): per-attempt state is keyed by both.
+Attempt = tuple[int, int]
 
 #: The weight of the newest sample in the moving averages of handler and claim times.
 _EWMA = 0.2
@@ -71,6 +74,7 @@ class JobContext:
     __slots__ = (
         "_native",
         "_run_id",
+        "_steps",
         "_timer",
         "_warned",
         "attempt",
@@ -97,6 +101,7 @@ class JobContext:
         self.org_id = org_id
         self.attempt = attempt
         self._run_id: str | None = None
+        self._steps: durable._Steps | None = None
         self.signal = RevocationSignal()
         self._timer: asyncio.TimerHandle | None = None
         self._warned = False
@@ -109,17 +114,29 @@ class JobContext:
             run_id = self._run_id = _native.job_run_id(self.org_id, self.job_id)
         return run_id
 
-    async def step(self, name: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run ``fn(*args)`` once per ``(run_id, name)`` and journal its result.
+    def _journal_steps(self) -> durable._Steps:
+        steps = self._steps
+        if steps is None:
+            steps = self._steps = durable._Steps(self._native, self.run_id, self.signal)
+        return steps
 
-        The first completed result recorded for ``(run_id, name)`` is kept and returned on
-        every later call, so a reclaimed or retried handler does not repeat the side effect.
-        Two executors that race converge on the first recorded result.
+    async def step(
+        self, name: str, fn: Callable[..., Any], *args: Any, at_most_once: bool = False
+    ) -> Any:
+        """Run ``fn(*args)`` once per ``(run_id, name, n)`` and journal its result.
+
+        ``n`` counts the earlier calls of ``name`` in this handler call. The first completed
+        result recorded for the step is kept and returned on every later call, so a reclaimed
+        or retried handler does not repeat the side effect. Two executors that race converge
+        on the first recorded result. A step whose ``fn`` raises records nothing. Same
+        journal as :meth:`gnl.WorkflowContext.step` (``at_most_once`` included).
 
         Args:
-            name: The step's name, unique within the job.
+            name: The step's name (not starting with ``gnl.``).
             fn: A plain function or a coroutine function; its result must be JSON.
             *args: Passed to ``fn``.
+            at_most_once: Record the intent before calling ``fn``; a later attempt that
+                finds the intent without a result raises ``StepOutcomeUnknownError``.
 
         Returns:
             The recorded result (decoded JSON).
@@ -127,10 +144,56 @@ class JobContext:
         Raises:
             TypeError: ``name`` is not a str, ``fn`` is not callable, or its result is not JSON
                 (nothing is recorded then).
-            InvalidArgumentError: ``name`` is empty.
+            InvalidArgumentError: ``name`` is empty or starts with ``gnl.``.
             ExecutionRevokedError: the signal had aborted before the step started.
+            StepOutcomeUnknownError: an at-most-once step's earlier start left no result.
         """
-        return await run_step(self._native, self.run_id, self.signal, name, fn, *args)
+        return await durable.run_step(
+            self._journal_steps(), name, fn, *args, at_most_once=at_most_once
+        )
+
+    async def run(self, workflow: durable.Workflow, input: Any = None) -> Any:
+        """Run ``workflow`` as a durable run under this job's ``run_id``, with its signal.
+
+        ``workflow`` is an ``async (ctx: gnl.WorkflowContext, input)`` function like those
+        given to :func:`gnl.create_gnl`, recorded under its qualified name. A reclaimed or
+        retried job's run repeats none of its completed steps; the steps share the journal
+        (and the count of calls per name) with this handler's ``ctx.step``. The job's lease
+        covers the run (the waker never resumes it); ``ctx.sleep`` is refused in it. Call it
+        at most once per handler call.
+
+        Args:
+            workflow: The workflow function.
+            input: Its input (JSON), recorded on the first attempt; later attempts get the
+                recorded one.
+
+        Returns:
+            The workflow's return value (the recorded one when an earlier attempt finished).
+
+        Raises:
+            TypeError: ``workflow`` is not callable or ``input`` is not JSON.
+            GnlError: ``run`` was called twice in one handler call.
+            Exception: whatever the workflow raised (the attempt fails; the next resumes).
+        """
+        if not callable(workflow):
+            raise TypeError(f"workflow must be callable, not {type(workflow).__name__}")
+        steps = self._journal_steps()
+        if steps.recorded is not None:
+            raise GnlError("ctx.run may be called once per handler call")
+        name = f"{getattr(workflow, '__module__', '?')}.{getattr(workflow, '__qualname__', '?')}"
+        return await durable.execute(
+            self._native,
+            self.journal,
+            name,
+            workflow,
+            run_id=self.run_id,
+            input=input,
+            scheduled_for=None,
+            signal=self.signal,
+            preset=None,
+            lease_ms=30_000,
+            steps=steps,
+        )
 
     def __repr__(self) -> str:
         return f"<gnl.JobContext {self.type} id={self.job_id!r} attempt={self.attempt}>"
@@ -187,12 +250,15 @@ class Worker:
         self._native: _native.NativeWorker | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_task: asyncio.Task[None] | None = None
-        self._tasks: dict[int, asyncio.Task[None]] = {}
-        self._active: dict[int, JobContext] = {}
+        self._tasks: dict[Attempt, asyncio.Task[tuple[bool, Any]]] = {}
+        self._active: dict[Attempt, JobContext] = {}
+        # The seqs of the running attempts: a job claimed again while an earlier attempt of it
+        # still runs here (its lease was lost, its handler ignores the signal) waits for it.
+        self._running: set[int] = set()
         # Jobs claimed ahead (prefetched), not started yet, in claim order; and the
-        # revocations (seq -> why) that reached some of them before they started.
+        # revocations (attempt -> why) that reached some of them before they started.
         self._ready: deque[ClaimedJob] = deque()
-        self._revoked: dict[int, str] = {}
+        self._revoked: dict[Attempt, str] = {}
         self._slot = asyncio.Event()
         self._wake = asyncio.Event()
         self._stopping = False
@@ -243,23 +309,49 @@ class Worker:
         self._ensure_native()
         self._stopping = False
         self._loop_task = asyncio.get_running_loop().create_task(
-            self._pump(drain=False), name=f"gnl-worker-{self.name}"
+            self._serve(), name=f"gnl-worker-{self.name}"
         )
+
+    async def _serve(self) -> None:
+        try:
+            await self._pump(drain=False)
+        except asyncio.CancelledError:
+            # The loop is torn down (or stop() was cancelled): renewals end with the native
+            # half, so the leases of the handlers still running lapse and are reclaimed.
+            self._close_native()
+            raise
+
+    def _close_native(self) -> None:
+        if self._native is not None:
+            self._native.close()
+            self._native = None
 
     async def stop(self) -> None:
         """Stop claiming, wait for the handlers of the jobs this worker has claimed (running,
         or claimed ahead to start next) to return and their outcomes to be written. Releases
-        nothing early. Idempotent."""
+        nothing early. Idempotent.
+
+        An outcome the store cannot take (it is unavailable) is retried, with backoff, until
+        it is written or its lease runs out (``ttl_ms`` after its last good renewal; the lease
+        is renewed meanwhile).
+
+        Raises:
+            StoreUnavailableError: some outcomes could not be written before their leases ran
+                out (the message says how many): those jobs are reclaimed and run again. The
+                worker is stopped all the same.
+        """
         self._stopping = True
         self._wake.set()
         self._slot.set()
-        if self._loop_task is not None:
-            await self._loop_task
+        try:
+            if self._loop_task is not None:
+                await self._loop_task
+            await self._settle()
+        finally:
+            # Also when stop() is cancelled (a timed-out ``wait_for``): the renewals end, and
+            # the leases of handlers still running lapse.
             self._loop_task = None
-        await self._settle()
-        if self._native is not None:
-            self._native.close()
-            self._native = None
+            self._close_native()
 
     async def __aenter__(self) -> Worker:
         self.start()
@@ -280,7 +372,8 @@ class Worker:
 
         Raises:
             GnlError: the worker is started (stop it first).
-            StoreUnavailableError: the store could not be reached.
+            StoreUnavailableError: the store could not be reached, or some outcomes could not
+                be written before their leases ran out (see :meth:`stop`).
         """
         if self.running:
             raise GnlError("drain() cannot run while the worker is started; stop() it first")
@@ -297,8 +390,7 @@ class Worker:
             await self._settle()
             # The native half belongs to this loop: a later drain() or start() may run on
             # another one (a new asyncio.run).
-            native.close()
-            self._native = None
+            self._close_native()
             self._draining = False
         c = self._counts
         return DrainResult(c[0] - before[0], c[1] - before[1], c[2] - before[2])
@@ -311,14 +403,10 @@ class Worker:
                 self._fill()
                 continue
             await asyncio.gather(*self._tasks.values(), return_exceptions=True)
-            # A task cancelled before its first step never ran _run's cleanup.
-            for seq in [q for q, t in self._tasks.items() if t.done()]:
-                del self._tasks[seq]
         if self._native is not None:
-            try:
-                await self._native.flush()
-            except GnlError as e:
-                log.warning("gnl worker %s: could not write job outcomes: %s", self.name, e)
+            # Retried until each outcome is written or its lease runs out; raises
+            # StoreUnavailableError naming how many could not be written.
+            await self._native.flush()
 
     # -- the claim loop ------------------------------------------------------------------
 
@@ -435,64 +523,65 @@ class Worker:
     # -- running one job -----------------------------------------------------------------
 
     def _fill(self) -> None:
-        """Start jobs claimed ahead while slots are free."""
+        """Start jobs claimed ahead while slots are free, in claim order; a job with an
+        attempt still running here waits for it to end."""
         ready = self._ready
+        running = self._running
+        waiting: list[ClaimedJob] = []
         while ready and len(self._tasks) < self.concurrency:
-            self._start(ready.popleft())
+            job = ready.popleft()
+            if job[0] in running:
+                waiting.append(job)
+            else:
+                self._start(job)
+        if waiting:
+            ready.extendleft(reversed(waiting))
 
     def _start(self, job: ClaimedJob) -> None:
         seq = job[0]
+        key = (seq, job[1])
+        native = self._native
+        assert native is not None and self._loop is not None
         if self._revoked:
-            why = self._revoked.pop(seq, None)
+            why = self._revoked.pop(key, None)
             if why is not None:
                 # Revoked before it started: its handler never runs. A canceled job is
                 # recorded as canceled; a lost lease is no longer ours to write.
                 if why == "canceled":
-                    assert self._native is not None
-                    self._native.done(seq, job[1], None)
+                    native.done(seq, job[1], None)
                     self._outcome_queued()
                 return
         ctx = JobContext(
             self._storage._native, self._storage.journal, job[3], job[4], job[2], job[6]
         )
-        self._active[seq] = ctx
-        assert self._loop is not None
-        task = self._loop.create_task(self._run(job, ctx))
-        self._tasks[seq] = task
-
-    async def _run(self, job: ClaimedJob, ctx: JobContext) -> None:
-        seq, token, _, _, typ, payload_json, attempt = job
-        native = self._native
-        loop = self._loop
-        assert native is not None and loop is not None
         if self.max_hold_ms is not None:
-            ctx._timer = loop.call_later(self.max_hold_ms / 1000, self._revoke, ctx, "timeout")
-        counts = self._counts
-        counts[0] += 1
-        error: str | None = None
-        t0 = loop.time()
+            ctx._timer = self._loop.call_later(
+                self.max_hold_ms / 1000, self._revoke, ctx, "timeout"
+            )
+        self._active[key] = ctx
+        task = self._loop.create_task(self._run(job, ctx))
+        self._tasks[key] = task
+        self._running.add(seq)
+        self._counts[0] += 1
+        # The one cleanup path, however the task ends: returned, raised, cancelled (by the
+        # handler itself, a timed-out stop(), the loop torn down), even before its first step.
+        task.add_done_callback(functools.partial(self._ended, job, ctx, native, self._loop.time()))
+
+    async def _run(self, job: ClaimedJob, ctx: JobContext) -> tuple[bool, Any]:
+        """Run the handler: ``(True, result)`` when it returned, ``(False, error)`` when the
+        attempt failed. A cancellation of the task itself propagates (see ``_ended``)."""
+        typ, payload_json = job[4], job[5]
+        handler = self._handlers.get(typ)
+        if handler is None:
+            return False, f"no handler for job type {typ!r} on worker {self.name!r}"
         try:
-            handler = self._handlers.get(typ)
-            if handler is None:
-                error = f"no handler for job type {typ!r} on worker {self.name!r}"
-            else:
-                result = await handler(_decode(payload_json), ctx)
-                reason = ctx.signal.reason
-                if reason is not None and reason.why == "timeout":
-                    error = f"timeout: the handler held the job past max_hold_ms={self.max_hold_ms}"
-                else:
-                    try:
-                        native.done(seq, token, result)
-                    except (TypeError, ValueError) as e:
-                        error = f"{type(e).__name__}: {e}"
+            result = await handler(_decode(payload_json), ctx)
         except asyncio.CancelledError:
-            # The worker's loop is being torn down: record nothing, the lease expires and the
-            # job is reclaimed. No job starts in its place.
-            if ctx._timer is not None:
-                ctx._timer.cancel()
-            self._active.pop(seq, None)
-            self._tasks.pop(seq, None)
-            raise
+            task = asyncio.current_task()
+            cancelling = getattr(task, "cancelling", None)
+            if cancelling is None or cancelling():
+                raise  # the task is being cancelled (Python 3.10 cannot tell: treated so)
+            return False, "CancelledError: the handler raised CancelledError"
         except Exception as e:  # noqa: BLE001 - a handler's failure is data, not a crash
             reason = ctx.signal.reason
             if (
@@ -500,28 +589,66 @@ class Worker:
                 and reason is not None
                 and reason.why == "timeout"
             ):
-                error = f"timeout: the handler held the job past max_hold_ms={self.max_hold_ms}"
-            else:
-                error = f"{type(e).__name__}: {e}"
+                return False, self._timed_out()
+            return False, f"{type(e).__name__}: {e}"
+        reason = ctx.signal.reason
+        if reason is not None and reason.why == "timeout":
+            return False, self._timed_out()
+        return True, result
+
+    def _timed_out(self) -> str:
+        return f"timeout: the handler held the job past max_hold_ms={self.max_hold_ms}"
+
+    def _ended(
+        self,
+        job: ClaimedJob,
+        ctx: JobContext,
+        native: _native.NativeWorker,
+        t0: float,
+        task: asyncio.Task[tuple[bool, Any]],
+    ) -> None:
+        seq, token, attempt = job[0], job[1], job[6]
+        key = (seq, token)
         if ctx._timer is not None:
             ctx._timer.cancel()
-        self._active.pop(seq, None)
-        try:
+        self._active.pop(key, None)
+        self._tasks.pop(key, None)
+        self._running.discard(seq)
+        delay: int | None = 0
+        if task.cancelled():
+            ok, value = False, "CancelledError: the handler's task was cancelled"
+        elif (exc := task.exception()) is not None:
+            # A BaseException that is no Exception (KeyboardInterrupt, SystemExit, ...).
+            ok, value = False, f"{type(exc).__name__}: {exc}"
+        else:
+            ok, value = task.result()
+            delay = None
+        loop = self._loop
+        if loop is not None:
             dt = loop.time() - t0
             hold = self._hold_s
             self._hold_s = dt if hold is None else hold + _EWMA * (dt - hold)
-            if error is None:
+        counts = self._counts
+        # A closed native half (a stop() that timed out, a loop torn down) records nothing: the
+        # lease is no longer renewed, so it lapses and the job is reclaimed.
+        if native is self._native:
+            if ok:
+                try:
+                    native.done(seq, token, value)
+                except (TypeError, ValueError) as e:
+                    ok, value = False, f"{type(e).__name__}: {e}"
+            if ok:
                 counts[1] += 1
             else:
                 counts[2] += 1
-                native.fail(seq, token, error, attempt, self._retry_delay(attempt))
+                if delay is None:
+                    delay = self._retry_delay(attempt)
+                native.fail(seq, token, value, attempt, delay)
             self._outcome_queued()
-        finally:
-            # The slot is free: the next job claimed ahead starts at once.
-            del self._tasks[seq]
-            if self._ready:
-                self._fill()
-            self._slot.set()
+        # The slot is free: the next job claimed ahead starts at once.
+        if self._ready and native is self._native:
+            self._fill()
+        self._slot.set()
 
     def _outcome_queued(self) -> None:
         if not self._kick_due:
@@ -560,14 +687,15 @@ class Worker:
 
     # -- revocation ----------------------------------------------------------------------
 
-    def _on_revoke(self, seq: int, why: str) -> None:
-        ctx = self._active.get(seq)
+    def _on_revoke(self, seq: int, token: int, why: str) -> None:
+        key = (seq, token)
+        ctx = self._active.get(key)
         if ctx is not None:
             self._revoke(ctx, why)
-        elif any(j[0] == seq for j in self._ready):
+        elif any(j[0] == seq and j[1] == token for j in self._ready):
             # Claimed ahead, not started: _start sees it. A lost lease wins over a cancel.
-            if why == "lease-lost" or seq not in self._revoked:
-                self._revoked[seq] = why
+            if why == "lease-lost" or key not in self._revoked:
+                self._revoked[key] = why
 
     def _revoke(self, ctx: JobContext, why: str) -> None:
         if ctx.signal.aborted:

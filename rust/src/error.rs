@@ -32,7 +32,13 @@ pub enum Error {
         message: String,
         code: Option<String>,
     },
-    /// The store's schema is older than this package.
+    /// The database refused the data of a statement: a value, a constraint (maps to
+    /// `gnl.GnlError` with `.code`, like `Store`). Running it again fails again.
+    Refused {
+        message: String,
+        code: Option<String>,
+    },
+    /// The store's schema is older than this package (`url` is shown: password redacted).
     SchemaOutdated {
         found: i64,
         expected: i64,
@@ -62,7 +68,7 @@ impl fmt::Display for Error {
                 Some(c) => write!(f, "store unavailable ({c}): {reason}"),
                 None => write!(f, "store unavailable: {reason}"),
             },
-            Error::Store { message, code } => match code {
+            Error::Store { message, code } | Error::Refused { message, code } => match code {
                 Some(c) => write!(f, "store error ({c}): {message}"),
                 None => write!(f, "store error: {message}"),
             },
@@ -89,6 +95,12 @@ impl Error {
         matches!(self, Error::StoreUnavailable { .. })
     }
 
+    /// True when the store refused the data of the statement (a value, a constraint): the
+    /// same statement fails again however often it is retried.
+    pub fn is_data_error(&self) -> bool {
+        matches!(self, Error::Refused { .. })
+    }
+
     /// True for a deadlock the server broke by aborting this transaction (Postgres 40P01,
     /// MySQL 1213): the same transaction may simply be run again.
     pub fn is_deadlock(&self) -> bool {
@@ -106,12 +118,34 @@ impl From<crate::cron::CronError> for Error {
     }
 }
 
-/// SQLite result codes that mean "try again later" rather than "this statement is wrong".
-const SQLITE_TRANSIENT: &[&str] = &["5", "6", "261", "262", "517", "10", "14"];
-/// Postgres SQLSTATEs (besides class 08) that mean "try again later".
-const PG_TRANSIENT: &[&str] = &["40001", "40P01", "53300", "57P01", "57P02", "57P03"];
-/// MySQL / MariaDB error numbers that mean "try again later".
-const MYSQL_TRANSIENT: &[u16] = &[1040, 1053, 1205, 1213, 1927, 2006, 2013, 4031];
+/// SQLite primary result codes (an extended code's low byte) that mean "try again later"
+/// rather than "this statement is wrong": BUSY, LOCKED (and their variants), IOERR (every
+/// extended I/O code), FULL, CANTOPEN.
+const SQLITE_TRANSIENT: &[u16] = &[5, 6, 10, 13, 14];
+/// Postgres SQLSTATEs (besides classes 08, connection, and 53, insufficient resources: disk
+/// full, out of memory, too many connections) that mean "try again later": serialization
+/// failure, deadlock, read-only transaction (a demoted primary), lock not available
+/// (`lock_timeout`), query canceled (`statement_timeout`), admin / crash shutdown, cannot
+/// connect now.
+const PG_TRANSIENT: &[&str] = &[
+    "40001", "40P01", "25006", "55P03", "57014", "57P01", "57P02", "57P03",
+];
+/// MySQL / MariaDB error numbers that mean "try again later": too many connections, shutdown
+/// in progress, lock wait timeout, deadlock, read-only (`--read-only`, 1290; 1836 read-only
+/// mode), query interrupted, connection killed, server gone / lost, idle disconnect.
+const MYSQL_TRANSIENT: &[u16] = &[
+    1040, 1053, 1205, 1213, 1290, 1317, 1836, 1927, 2006, 2013, 4031,
+];
+
+/// Postgres SQLSTATE classes of errors caused by the data of a statement: data exception,
+/// integrity constraint violation, program limit exceeded (a value too large).
+const PG_DATA_CLASSES: &[&str] = &["22", "23", "54"];
+/// SQLite primary codes caused by the data: TOOBIG, CONSTRAINT, MISMATCH, RANGE.
+const SQLITE_DATA: &[u16] = &[18, 19, 20, 25];
+/// MySQL / MariaDB error numbers caused by the data: data too long, bad value, NULL in a NOT
+/// NULL column, duplicate key, invalid JSON, check constraint (MySQL 3819, MariaDB 4025),
+/// packet too large, value out of range.
+const MYSQL_DATA: &[u16] = &[1048, 1062, 1153, 1264, 1292, 1366, 1406, 3140, 3819, 4025];
 
 impl From<sqlx::Error> for Error {
     fn from(e: sqlx::Error) -> Self {
@@ -125,27 +159,35 @@ impl From<sqlx::Error> for Error {
                     Some(n) => Some(n.to_string()),
                     None => db.code().map(|c| c.into_owned()),
                 };
-                let transient = match (mysql, code.as_deref()) {
-                    // MySQL: lock wait timeout, deadlock, too many connections, shutdown in
-                    // progress, connection killed, server gone / lost, idle disconnect.
-                    (Some(n), _) => MYSQL_TRANSIENT.contains(&n),
-                    // SQLite: busy / locked / IO / cantopen.
-                    (None, Some(c)) if SQLITE_TRANSIENT.contains(&c) => true,
-                    // Postgres: connection exceptions, serialization failure, deadlock, too
-                    // many connections, admin shutdown, crash shutdown, cannot connect now.
-                    (None, Some(c)) => c.starts_with("08") || PG_TRANSIENT.contains(&c),
-                    (None, None) => false,
+                // SQLite reports its extended code: the primary code is its low byte.
+                let sqlite = match (mysql, code.as_deref()) {
+                    (None, Some(c))
+                        if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() =>
+                    {
+                        c.parse::<u32>().ok().map(|n| (n & 0xff) as u16)
+                    }
+                    _ => None,
                 };
+                let (transient, data) = match (mysql, sqlite, code.as_deref()) {
+                    (Some(n), _, _) => (MYSQL_TRANSIENT.contains(&n), MYSQL_DATA.contains(&n)),
+                    (None, Some(p), _) => (SQLITE_TRANSIENT.contains(&p), SQLITE_DATA.contains(&p)),
+                    // Postgres: connection exceptions, insufficient resources, and the list.
+                    (None, None, Some(c)) => (
+                        c.starts_with("08") || c.starts_with("53") || PG_TRANSIENT.contains(&c),
+                        PG_DATA_CLASSES.iter().any(|k| c.starts_with(k)),
+                    ),
+                    (None, None, None) => (false, false),
+                };
+                let message = db.message().to_string();
                 if transient {
                     Error::StoreUnavailable {
-                        reason: db.message().to_string(),
+                        reason: message,
                         code,
                     }
+                } else if data {
+                    Error::Refused { message, code }
                 } else {
-                    Error::Store {
-                        message: db.message().to_string(),
-                        code,
-                    }
+                    Error::Store { message, code }
                 }
             }
             sqlx::Error::Io(io) => Error::StoreUnavailable {
@@ -185,6 +227,20 @@ mod tests {
             url: "sqlite:///x.db".into(),
         };
         assert!(e.to_string().contains("gnl upgrade sqlite:///x.db"));
+    }
+
+    #[test]
+    fn extended_sqlite_codes_and_server_timeouts_are_transient() {
+        // The review's list: every code an outage or a timeout gives, not the data's fault.
+        assert!(SQLITE_TRANSIENT.contains(&((778u32 & 0xff) as u16))); // IOERR_WRITE
+        assert!(SQLITE_TRANSIENT.contains(&((1034u32 & 0xff) as u16))); // IOERR_FSYNC
+        assert!(SQLITE_TRANSIENT.contains(&((517u32 & 0xff) as u16))); // BUSY_SNAPSHOT
+        for c in ["57014", "55P03", "25006", "53100", "53200"] {
+            assert!(PG_TRANSIENT.contains(&c) || c.starts_with("53"), "{c}");
+        }
+        for n in [1290, 1836, 1205, 1213] {
+            assert!(MYSQL_TRANSIENT.contains(&n), "{n}");
+        }
     }
 
     #[test]

@@ -7,14 +7,18 @@ pub fn new_job_id() -> String {
 
 /// The durable run id of a job: stable across reclaims and retries of the same job.
 ///
-/// `job:<id>` for a job without organization, `job:<org>:<id>` otherwise, with `%` and `:`
-/// escaped in the organization so that two (org, id) pairs never map to one run id.
+/// `job:<org>:<id>`, both parts escaped (`%` as `%25`, then `:` as `%3A`); no organization
+/// is the empty org (`job::<id>`). Neither escaped part contains `:`, so the text splits back
+/// into its one (org, id) pair: two pairs never map to one run id (docs/DECISIONS.md).
 pub fn job_run_id(org: &str, id: &str) -> String {
-    if org.is_empty() {
-        format!("job:{id}")
+    format!("job:{}:{}", escape(org), escape(id))
+}
+
+fn escape(part: &str) -> std::borrow::Cow<'_, str> {
+    if part.contains(['%', ':']) {
+        part.replace('%', "%25").replace(':', "%3A").into()
     } else {
-        let esc = org.replace('%', "%25").replace(':', "%3A");
-        format!("job:{esc}:{id}")
+        part.into()
     }
 }
 
@@ -34,9 +38,12 @@ mod tests {
 
     #[test]
     fn run_ids_do_not_collide_across_organizations() {
-        // ("a:b", "c") and ("a", "b:c") must differ.
         assert_ne!(job_run_id("a:b", "c"), job_run_id("a", "b:c"));
-        assert_eq!(job_run_id("", "x"), "job:x");
+        // The review's pair: the no-organization job "a:x" and job "x" of organization "a".
+        assert_ne!(job_run_id("", "a:x"), job_run_id("a", "x"));
+        assert_ne!(job_run_id("", "%3A"), job_run_id("", ":"));
+        assert_eq!(job_run_id("", "x"), "job::x");
         assert_eq!(job_run_id("acme", "x"), "job:acme:x");
+        assert_eq!(job_run_id("a%b", "c:d"), "job:a%25b:c%3Ad");
     }
 }

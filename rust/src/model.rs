@@ -439,6 +439,13 @@ impl Outcome {
             Outcome::Done { seq, .. } | Outcome::Failed { seq, .. } => *seq,
         }
     }
+
+    /// The attempt it is the outcome of: (seq, fencing token).
+    pub fn attempt(&self) -> (i64, i64) {
+        match self {
+            Outcome::Done { seq, token, .. } | Outcome::Failed { seq, token, .. } => (*seq, *token),
+        }
+    }
 }
 
 /// A lease the worker holds: (seq, fencing token), and the job's organization.

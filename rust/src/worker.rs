@@ -3,16 +3,25 @@
 //!
 //! * `claim(n)` writes every outcome that is waiting and claims up to `n` jobs in one store
 //!   call (one transaction), and adds the new leases to the lease set.
-//! * `finish(outcome)` takes the lease out of the set and queues the outcome. A writer task
-//!   writes whatever has queued in one transaction (group commit): at once when `kick()` asks
-//!   (the Python side does at the end of a burst of outcomes while a claim is in flight), else
-//!   `WRITE_AFTER` after the first one, unless a claim took them meanwhile. The writer and a
-//!   claim may write at the same time (two connections): each outcome is taken by one of them,
-//!   and each write is conditional on its lease's fencing token, so their order does not
-//!   matter. `flush()` writes what is waiting and waits for the writes in flight.
-//! * A renewal task extends every held lease each `ttl_ms/3`, off the Python thread. A lease
-//!   that the store says is not ours, or three renewals in a row that fail, reach the Python
-//!   side through `on_revoke(seq, why)`; so does a `cancel_job` of a running job.
+//! * `finish(outcome)` queues the outcome of an attempt. Its lease stays in the set, renewed,
+//!   until the outcome is written (or given up, below). A writer task writes whatever has
+//!   queued in one transaction (group commit): at once when `kick()` asks (the Python side
+//!   does at the end of a burst of outcomes while a claim is in flight), else `WRITE_AFTER`
+//!   after the first one, unless a claim took them meanwhile. The writer and a claim may write
+//!   at the same time (two connections): each outcome is taken by one of them, and each write
+//!   is conditional on its lease's fencing token, so their order does not matter.
+//! * Writes are retried with backoff until they succeed or the outcome's lease runs out (the
+//!   last good renewal + `ttl_ms`): then another worker may have reclaimed the job, and the
+//!   outcome is given up. A batch the store refuses for another reason than being away is
+//!   split, one outcome per statement, so that one outcome whose data the store refuses (a
+//!   poison outcome) fails alone: a refused `Done` becomes a `Failed` that says why. `flush()`
+//!   writes what is waiting, waits for the writes in flight, and fails naming how many
+//!   outcomes were given up since the last `flush()`.
+//! * A renewal task extends every held lease each `ttl_ms/3`, off the Python thread. The
+//!   holder learns that a lease is lost through `on_revoke(seq, token, why)`: when the store
+//!   says it is not ours, or at the lease-loss deadline, `LOSS_MARGIN` before the lease would
+//!   end (the last good renewal's send time + `ttl_ms`), whatever the renewals in flight: so
+//!   before another worker can reclaim it. A `cancel_job` of a running job comes the same way.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,37 +29,61 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
-use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::model::{ClaimRequest, ClaimedJob, LeaseRef, Outcome, RenewStatus};
 use crate::store::{self, Store};
 
-/// Called (from a tokio thread) when a held job must stop: `why` is "lease-lost" or "canceled".
-pub type RevokeFn = Arc<dyn Fn(i64, &'static str) + Send + Sync>;
+/// Called (from a tokio thread) when a held attempt `(seq, token)` must stop: `why` is
+/// "lease-lost" or "canceled".
+pub type RevokeFn = Arc<dyn Fn(i64, i64, &'static str) + Send + Sync>;
 /// Called (from a tokio thread) to report a store problem a loop carries on through.
 pub type LogFn = Arc<dyn Fn(String) + Send + Sync>;
 
-/// Renewals in a row that may fail before the holder assumes its leases are lost.
-pub const MAX_RENEW_FAILURES: u32 = 3;
+/// One attempt of a job: (seq, fencing token). A job the same worker claims again (its lease
+/// was lost, then reclaimed) is a new attempt with a new token, so every per-attempt record
+/// is keyed by both: the old attempt's end never touches the new one's.
+pub type Attempt = (i64, i64);
 
 /// How long a queued outcome waits for a claim (or a `kick`) to take it before the writer
 /// writes it on its own.
 pub const WRITE_AFTER: Duration = Duration::from_millis(5);
 
+/// The lease-loss deadline comes this share of `ttl_ms` before the lease would end: room for
+/// the signal to reach the handler before another worker can reclaim the job.
+pub const LOSS_MARGIN_DIV: u32 = 6;
+
+/// The longest pause between two tries of a write that failed.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+struct Lease {
+    org: String,
+    /// When the claim, or the last renewal that held, was sent: the store keeps the lease
+    /// until at least this + `ttl_ms`.
+    renewed: Instant,
+    /// Its outcome is queued, not written yet: still renewed, but its handler has ended, so
+    /// nobody is told when it is lost.
+    finished: bool,
+}
+
 struct Shared {
     store: Arc<dyn Store>,
     req: ClaimRequest,
+    ttl: Duration,
     /// The last claim came back full (jobs are likely due: the next one skips the probe).
     full: AtomicBool,
-    /// Held leases: seq -> fencing token.
-    held: Mutex<HashMap<i64, i64>>,
-    /// The organization of every job claimed and not finished yet: seq -> org.
-    orgs: Mutex<HashMap<i64, String>>,
-    /// Seqs whose cancel has been reported already.
-    cancel_told: Mutex<HashSet<i64>>,
+    /// Held leases, by attempt.
+    held: Mutex<HashMap<Attempt, Lease>>,
+    /// Attempts whose cancel has been reported already.
+    cancel_told: Mutex<HashSet<Attempt>>,
     /// Outcomes waiting to be written.
     pending: Mutex<Vec<Outcome>>,
+    /// Outcomes a write refused for another reason than the store being away: the writer
+    /// writes each on its own (claims do not take them).
+    suspect: Mutex<Vec<Outcome>>,
+    /// Outcomes given up since the last `flush()`, and the last reason.
+    given_up: Mutex<(usize, Option<Error>)>,
     /// An outcome was queued (the writer writes it after `WRITE_AFTER`).
     queued: Notify,
     /// Write now.
@@ -59,17 +92,19 @@ struct Shared {
     /// wait for them.
     writes: tokio::sync::RwLock<()>,
     closed: AtomicBool,
+    /// Set by `close`: the loops end at their next wait (never inside a store call: a
+    /// transaction dropped half-way would keep its connection's locks until it is used again).
+    stop: tokio::sync::watch::Sender<bool>,
     on_revoke: RevokeFn,
     log: LogFn,
 }
 
 pub struct WorkerCore {
     shared: Arc<Shared>,
-    tasks: Vec<JoinHandle<()>>,
 }
 
 impl WorkerCore {
-    /// Start the renewal and writer tasks on `rt`.
+    /// Start the renewal, deadline and writer tasks on `rt`.
     pub fn start(
         rt: &tokio::runtime::Handle,
         store: Arc<dyn Store>,
@@ -77,26 +112,29 @@ impl WorkerCore {
         on_revoke: RevokeFn,
         log: LogFn,
     ) -> Self {
+        let ttl = Duration::from_millis(req.ttl_ms.max(1) as u64);
         let shared = Arc::new(Shared {
             store,
             req,
+            ttl,
             full: AtomicBool::new(false),
             held: Mutex::new(HashMap::new()),
-            orgs: Mutex::new(HashMap::new()),
             cancel_told: Mutex::new(HashSet::new()),
             pending: Mutex::new(Vec::new()),
+            suspect: Mutex::new(Vec::new()),
+            given_up: Mutex::new((0, None)),
             queued: Notify::new(),
             kicked: Notify::new(),
             writes: tokio::sync::RwLock::new(()),
             closed: AtomicBool::new(false),
+            stop: tokio::sync::watch::channel(false).0,
             on_revoke,
             log,
         });
-        let tasks = vec![
-            rt.spawn(renew_loop(shared.clone())),
-            rt.spawn(writer_loop(shared.clone())),
-        ];
-        WorkerCore { shared, tasks }
+        rt.spawn(renew_loop(shared.clone()));
+        rt.spawn(deadline_loop(shared.clone()));
+        rt.spawn(writer_loop(shared.clone()));
+        WorkerCore { shared }
     }
 
     /// Write waiting outcomes and claim up to `n` jobs, in one store call.
@@ -104,19 +142,22 @@ impl WorkerCore {
         claim(self.shared.clone(), n).await
     }
 
-    /// The organization of a claimed job that is not finished yet ("" when unknown).
-    pub fn org_of(&self, seq: i64) -> String {
-        let orgs = self.shared.orgs.lock().unwrap();
-        orgs.get(&seq).cloned().unwrap_or_default()
+    /// The organization of a claimed attempt whose lease is held ("" when unknown).
+    pub fn org_of(&self, seq: i64, token: i64) -> String {
+        let held = self.shared.held.lock().unwrap();
+        held.get(&(seq, token))
+            .map(|l| l.org.clone())
+            .unwrap_or_default()
     }
 
-    /// Queue the outcome of an attempt; the lease stops being renewed now.
+    /// Queue the outcome of an attempt. Its lease is renewed until the outcome is written.
     pub fn finish(&self, outcome: Outcome) {
         let s = &self.shared;
-        let seq = outcome.seq();
-        s.held.lock().unwrap().remove(&seq);
-        s.orgs.lock().unwrap().remove(&seq);
-        s.cancel_told.lock().unwrap().remove(&seq);
+        let attempt = outcome.attempt();
+        if let Some(l) = s.held.lock().unwrap().get_mut(&attempt) {
+            l.finished = true;
+        }
+        s.cancel_told.lock().unwrap().remove(&attempt);
         s.pending.lock().unwrap().push(outcome);
         s.queued.notify_one();
     }
@@ -126,8 +167,9 @@ impl WorkerCore {
         self.shared.kicked.notify_one();
     }
 
-    /// Write every queued outcome now, and wait for the writes in flight. Returns how many
-    /// outcomes this call wrote itself.
+    /// Write every queued outcome now (retrying until each is written or its lease runs out),
+    /// and wait for the writes in flight. Returns how many outcomes this call wrote itself;
+    /// fails (`StoreUnavailable`) naming how many outcomes were given up since the last call.
     pub async fn flush(&self) -> Result<usize> {
         flush(self.shared.clone()).await
     }
@@ -150,18 +192,17 @@ impl WorkerCore {
         self.shared.store.clone()
     }
 
-    /// The number of leases held.
+    /// The number of leases held (outcomes not written yet included).
     pub fn held(&self) -> usize {
         self.shared.held.lock().unwrap().len()
     }
 
-    /// Stop the timers. Held leases are not released early: they expire (API: `stop` releases
-    /// nothing early), so a job whose handler never finished is reclaimed after `ttl_ms`.
+    /// Stop the timers (each ends at its next wait, after a store call in flight). Held leases
+    /// are not released early: they expire (API: `stop` releases nothing early), so a job
+    /// whose handler never finished is reclaimed after `ttl_ms`.
     pub fn close(&mut self) {
         self.shared.closed.store(true, Ordering::SeqCst);
-        for t in self.tasks.drain(..) {
-            t.abort();
-        }
+        self.shared.stop.send_replace(true);
     }
 }
 
@@ -180,70 +221,289 @@ async fn claim(s: Arc<Shared>, n: usize) -> Result<Vec<ClaimedJob>> {
     let mut req = s.req.clone();
     req.limit = n;
     req.probe = !s.full.load(Ordering::Relaxed);
+    let sent = Instant::now();
     match store::claim(s.store.as_ref(), &outcomes, &req).await {
         Ok(jobs) => {
             s.full.store(n > 0 && jobs.len() == n, Ordering::Relaxed);
-            let mut held = s.held.lock().unwrap();
-            let mut orgs = s.orgs.lock().unwrap();
-            for j in &jobs {
-                held.insert(j.seq, j.token);
-                orgs.insert(j.seq, j.org.clone());
+            written(&s, &outcomes);
+            let mut stale: Vec<Attempt> = Vec::new();
+            if !jobs.is_empty() {
+                let mut held = s.held.lock().unwrap();
+                // A claim gives a job a new token only once its earlier lease is gone: an
+                // earlier attempt of it still here has lost its lease.
+                let seqs: HashSet<i64> = jobs.iter().map(|j| j.seq).collect();
+                stale.extend(held.keys().filter(|a| seqs.contains(&a.0)).copied());
+                for j in &jobs {
+                    held.insert(
+                        (j.seq, j.token),
+                        Lease {
+                            org: j.org.clone(),
+                            renewed: sent,
+                            finished: false,
+                        },
+                    );
+                }
+                stale.retain(|a| held.remove(a).is_some_and(|l| !l.finished));
+            }
+            for (seq, token) in stale {
+                (s.on_revoke)(seq, token, "lease-lost");
             }
             Ok(jobs)
         }
         Err(e) => {
-            // Nothing was written: put the outcomes back in front of any newer ones.
-            put_back(&s, outcomes);
-            Err(e)
-        }
-    }
-}
-
-fn put_back(s: &Shared, outcomes: Vec<Outcome>) {
-    if outcomes.is_empty() {
-        return;
-    }
-    let mut p = s.pending.lock().unwrap();
-    let newer = std::mem::replace(&mut *p, outcomes);
-    p.extend(newer);
-}
-
-/// Write what is waiting now (one transaction), beside any write in flight; returns how many
-/// outcomes it wrote.
-async fn write_pending(s: &Shared) -> Result<usize> {
-    let _write = s.writes.read().await;
-    let batch = std::mem::take(&mut *s.pending.lock().unwrap());
-    if batch.is_empty() {
-        return Ok(0);
-    }
-    match store::finish(s.store.as_ref(), &batch).await {
-        Ok(()) => Ok(batch.len()),
-        Err(e) => {
+            // Nothing was written. The store away: the outcomes go back in front of any newer
+            // ones. Else one of them may be what the store refuses: the writer sorts them out.
             if e.is_transient() {
-                put_back(s, batch);
+                // The writer retries them (with backoff, until their leases run out) unless
+                // the next claim takes them first.
+                if !outcomes.is_empty() {
+                    put_back(&s.pending, outcomes);
+                    s.queued.notify_one();
+                }
+            } else if !outcomes.is_empty() {
+                put_back(&s.suspect, outcomes);
+                s.kicked.notify_one();
             }
             Err(e)
         }
     }
+}
+
+fn put_back(queue: &Mutex<Vec<Outcome>>, outcomes: Vec<Outcome>) {
+    if outcomes.is_empty() {
+        return;
+    }
+    let mut p = queue.lock().unwrap();
+    let newer = std::mem::replace(&mut *p, outcomes);
+    p.extend(newer);
+}
+
+/// These outcomes are written: their leases leave the set.
+fn written(s: &Shared, outcomes: &[Outcome]) {
+    if outcomes.is_empty() {
+        return;
+    }
+    let mut held = s.held.lock().unwrap();
+    for o in outcomes {
+        held.remove(&o.attempt());
+    }
+}
+
+fn nothing_waits(s: &Shared) -> bool {
+    s.pending.lock().unwrap().is_empty() && s.suspect.lock().unwrap().is_empty()
+}
+
+/// One round of writing: the suspect outcomes one by one, then what is pending in one
+/// transaction (split up when the store refuses it). Returns how many outcomes were written,
+/// or the error of the store being away (the outcomes not written are queued again).
+async fn write_round(s: &Shared) -> Result<usize> {
+    let _write = s.writes.read().await;
+    let mut n = 0;
+    let suspect = std::mem::take(&mut *s.suspect.lock().unwrap());
+    if !suspect.is_empty() {
+        n += write_each(s, suspect).await?;
+    }
+    let batch = std::mem::take(&mut *s.pending.lock().unwrap());
+    if batch.is_empty() {
+        return Ok(n);
+    }
+    match store::finish(s.store.as_ref(), &batch).await {
+        Ok(()) => {
+            written(s, &batch);
+            Ok(n + batch.len())
+        }
+        Err(e) if retry_later(&e) => {
+            put_back(&s.pending, batch);
+            Err(e)
+        }
+        Err(_) if batch.len() > 1 => Ok(n + write_each(s, batch).await?),
+        Err(e) => {
+            poisoned(s, batch.into_iter().next().unwrap(), e);
+            Ok(n)
+        }
+    }
+}
+
+/// Whether a failed write may succeed later as it is (the store away or busy, this worker's
+/// connection refused, a lock or statement timeout) rather than never (the store refuses an
+/// outcome's data).
+fn retry_later(e: &Error) -> bool {
+    match e {
+        Error::StoreUnavailable { .. } => true,
+        Error::Closed => false,
+        _ => !e.is_data_error(),
+    }
+}
+
+/// Write `outcomes` one per statement: each one the store refuses fails alone. On the store
+/// being away, the rest is queued again.
+async fn write_each(s: &Shared, outcomes: Vec<Outcome>) -> Result<usize> {
+    let mut n = 0;
+    let mut rest = outcomes.into_iter();
+    while let Some(o) = rest.next() {
+        match store::finish(s.store.as_ref(), std::slice::from_ref(&o)).await {
+            Ok(()) => {
+                written(s, std::slice::from_ref(&o));
+                n += 1;
+            }
+            Err(e) if retry_later(&e) => {
+                let mut back = vec![o];
+                back.extend(rest);
+                put_back(&s.pending, back);
+                return Err(e);
+            }
+            Err(e) => poisoned(s, o, e),
+        }
+    }
+    Ok(n)
+}
+
+/// The store refused outcome `o` for `e`: a `Done` is written again as a `Failed` that says
+/// why (the attempt is retried), anything else is given up.
+fn poisoned(s: &Shared, o: Outcome, e: Error) {
+    match o {
+        Outcome::Done {
+            seq, token, org, ..
+        } => {
+            (s.log)(format!(
+                "gnl worker: the result of job seq {seq} could not be written ({e}); its attempt is recorded as failed"
+            ));
+            s.suspect.lock().unwrap().push(Outcome::Failed {
+                seq,
+                token,
+                org,
+                error: format!("the handler's result could not be written: {e}"),
+                delay_ms: crate::retry::default_job_retry_delay_ms(1, 0.0),
+            });
+        }
+        Outcome::Failed { .. } => give_up(s, vec![o], e),
+    }
+}
+
+/// Stop trying to write `outcomes`: their leases leave the set (they lapse, and the jobs are
+/// reclaimed). Counted for the next `flush()` unless their lease was already lost.
+fn give_up(s: &Shared, outcomes: Vec<Outcome>, e: Error) {
+    let mut counted = 0;
+    {
+        let mut held = s.held.lock().unwrap();
+        for o in &outcomes {
+            if held.remove(&o.attempt()).is_some() {
+                counted += 1;
+            }
+        }
+    }
+    (s.log)(format!(
+        "gnl worker: {} job outcome(s) could not be written and were given up (the jobs are reclaimed when their lease ends): {e}",
+        outcomes.len()
+    ));
+    if counted > 0 {
+        let mut g = s.given_up.lock().unwrap();
+        g.0 += counted;
+        g.1 = Some(e);
+    }
+}
+
+/// Give up the queued outcomes whose lease has run out (or was lost): another worker may
+/// have reclaimed their jobs. Returns the earliest lease end among the others.
+fn give_up_expired(s: &Shared, e: &Error) -> Option<Instant> {
+    let now = Instant::now();
+    let mut earliest: Option<Instant> = None;
+    let mut expired = Vec::new();
+    for queue in [&s.pending, &s.suspect] {
+        let held = s.held.lock().unwrap();
+        let mut q = queue.lock().unwrap();
+        let (keep, gone): (Vec<Outcome>, Vec<Outcome>) = std::mem::take(&mut *q)
+            .into_iter()
+            .partition(|o| match held.get(&o.attempt()) {
+                Some(l) if l.renewed + s.ttl > now => {
+                    let end = l.renewed + s.ttl;
+                    earliest = Some(earliest.map_or(end, |t| t.min(end)));
+                    true
+                }
+                _ => false,
+            });
+        *q = keep;
+        expired.extend(gone);
+    }
+    if !expired.is_empty() {
+        give_up(s, expired, e.clone());
+    }
+    earliest
+}
+
+/// Write until nothing waits: retry with backoff while the store is away, giving up the
+/// outcomes whose lease runs out meanwhile. Returns how many outcomes it wrote.
+async fn write_all(s: &Shared) -> usize {
+    let mut written = 0;
+    let mut backoff = Duration::from_millis(50);
+    while !nothing_waits(s) {
+        match write_round(s).await {
+            Ok(n) => {
+                written += n;
+                backoff = Duration::from_millis(50);
+            }
+            Err(e) => {
+                let Some(end) = give_up_expired(s, &e) else {
+                    continue;
+                };
+                (s.log)(format!(
+                    "gnl worker: writing job outcomes failed, retrying in {} ms: {e}",
+                    backoff.as_millis()
+                ));
+                let wake = (Instant::now() + backoff).min(end);
+                tokio::select! {
+                    _ = stopped(s) => return written,
+                    _ = tokio::time::sleep_until(wake) => {}
+                    _ = s.kicked.notified() => {}
+                }
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+    written
 }
 
 async fn flush(s: Arc<Shared>) -> Result<usize> {
     let mut written = 0;
     loop {
-        written += write_pending(&s).await?;
+        written += write_all(&s).await;
         // Wait for the writes that were in flight (a claim's, the writer's); one that failed
         // put its outcomes back, and they are written on the next turn.
         drop(s.writes.write().await);
-        if s.pending.lock().unwrap().is_empty() {
-            return Ok(written);
+        if nothing_waits(&s) {
+            break;
         }
     }
+    let (n, e) = std::mem::take(&mut *s.given_up.lock().unwrap());
+    if n > 0 {
+        let (reason, code) = match e {
+            Some(Error::StoreUnavailable { reason, code }) => (reason, code),
+            Some(Error::Store { message, code } | Error::Refused { message, code }) => {
+                (message, code)
+            }
+            Some(other) => (other.to_string(), None),
+            None => (String::new(), None),
+        };
+        return Err(Error::StoreUnavailable {
+            reason: format!(
+                "{n} job outcome(s) could not be written before their leases ran out (those jobs run again): {reason}"
+            ),
+            code,
+        });
+    }
+    Ok(written)
+}
+
+/// Resolves once `close` was called.
+async fn stopped(s: &Shared) {
+    let mut rx = s.stop.subscribe();
+    let _ = rx.wait_for(|stop| *stop).await;
 }
 
 async fn writer_loop(s: Arc<Shared>) {
-    let mut backoff_ms = 50u64;
     loop {
         tokio::select! {
+            _ = stopped(&s) => return,
             _ = s.kicked.notified() => {}
             _ = s.queued.notified() => {
                 // Give a claim the chance to take them; a kick writes at once.
@@ -253,25 +513,54 @@ async fn writer_loop(s: Arc<Shared>) {
                 }
             }
         }
-        loop {
-            if s.pending.lock().unwrap().is_empty() {
-                break;
+        // Not raced against `stopped`: a write in flight runs to its end.
+        write_all(&s).await;
+    }
+}
+
+/// The lease-loss deadline: a held lease whose handler runs is given up `ttl/LOSS_MARGIN_DIV`
+/// before it would end, unless a renewal moved it on meanwhile.
+async fn deadline_loop(s: Arc<Shared>) {
+    let margin = s.ttl / LOSS_MARGIN_DIV;
+    let keep = s.ttl - margin;
+    loop {
+        let now = Instant::now();
+        // A lease claimed from now on ends after any held now: the earliest held one is next.
+        let mut next = now + keep;
+        let lost: Vec<Attempt> = {
+            let mut held = s.held.lock().unwrap();
+            let lost: Vec<Attempt> = held
+                .iter()
+                .filter(|(_, l)| !l.finished)
+                .filter_map(|(a, l)| {
+                    let deadline = l.renewed + keep;
+                    if deadline <= now {
+                        Some(*a)
+                    } else {
+                        next = next.min(deadline);
+                        None
+                    }
+                })
+                .collect();
+            for a in &lost {
+                held.remove(a);
             }
-            match write_pending(&s).await {
-                Ok(_) => backoff_ms = 50,
-                Err(e) if e.is_transient() => {
-                    (s.log)(format!(
-                        "gnl worker: writing job outcomes failed, retrying in {backoff_ms} ms: {e}"
-                    ));
-                    tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
-                    backoff_ms = (backoff_ms * 2).min(5_000);
-                }
-                Err(e) => {
-                    // Not retryable: the leases of these jobs expire and the jobs are reclaimed.
-                    (s.log)(format!("gnl worker: job outcomes could not be written and were dropped (the jobs will be reclaimed after their lease): {e}"));
-                    break;
-                }
-            }
+            lost
+        };
+        if !lost.is_empty() {
+            (s.log)(format!(
+                "gnl worker: no lease renewal held for {} ms ({} ms before the lease ends): {} job(s) told their lease is lost",
+                keep.as_millis(),
+                margin.as_millis(),
+                lost.len()
+            ));
+        }
+        for (seq, token) in lost {
+            (s.on_revoke)(seq, token, "lease-lost");
+        }
+        tokio::select! {
+            _ = stopped(&s) => return,
+            _ = tokio::time::sleep_until(next) => {}
         }
     }
 }
@@ -283,15 +572,17 @@ async fn renew_loop(s: Arc<Shared>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = stopped(&s) => return,
+            _ = tick.tick() => {}
+        }
         let leases: Vec<LeaseRef> = {
             let held = s.held.lock().unwrap();
-            let orgs = s.orgs.lock().unwrap();
             held.iter()
-                .map(|(seq, token)| LeaseRef {
-                    seq: *seq,
-                    token: *token,
-                    org: orgs.get(seq).cloned().unwrap_or_default(),
+                .map(|(&(seq, token), l)| LeaseRef {
+                    seq,
+                    token,
+                    org: l.org.clone(),
                 })
                 .collect()
         };
@@ -299,70 +590,51 @@ async fn renew_loop(s: Arc<Shared>) {
             failures = 0;
             continue;
         }
-        // A renewal that hangs (a store stalled on locks) counts as unanswered after one period.
-        let answer = match tokio::time::timeout(
-            every,
-            store::renew(s.store.as_ref(), &leases, s.req.ttl_ms),
-        )
-        .await
-        {
-            Ok(r) => r,
-            Err(_) => Err(Error::StoreUnavailable {
-                reason: format!("no answer within {} ms", every.as_millis()),
-                code: None,
-            }),
-        };
-        match answer {
+        // Awaited to its end, however long it takes (dropped half-way, its transaction would
+        // keep the connection's locks): the deadline task does not wait for it.
+        let sent = Instant::now();
+        match store::renew(s.store.as_ref(), &leases, s.req.ttl_ms).await {
             Ok(status) => {
                 failures = 0;
-                for (l, st) in leases.iter().zip(status) {
-                    match st {
-                        RenewStatus::Held => {}
-                        RenewStatus::CancelRequested => {
-                            if s.cancel_told.lock().unwrap().insert(l.seq) {
-                                (s.on_revoke)(l.seq, "canceled");
-                            }
-                        }
-                        RenewStatus::Lost => {
-                            let was_ours = {
-                                let mut held = s.held.lock().unwrap();
-                                if held.get(&l.seq) == Some(&l.token) {
-                                    held.remove(&l.seq);
-                                    true
-                                } else {
-                                    false // finished meanwhile
+                let mut canceled = Vec::new();
+                let mut lost = Vec::new();
+                {
+                    let mut held = s.held.lock().unwrap();
+                    for (l, st) in leases.iter().zip(status) {
+                        let a = (l.seq, l.token);
+                        match st {
+                            RenewStatus::Held | RenewStatus::CancelRequested => {
+                                let Some(lease) = held.get_mut(&a) else {
+                                    continue; // written or given up meanwhile
+                                };
+                                lease.renewed = lease.renewed.max(sent);
+                                if st == RenewStatus::CancelRequested && !lease.finished {
+                                    canceled.push(a);
                                 }
-                            };
-                            if was_ours {
-                                (s.on_revoke)(l.seq, "lease-lost");
+                            }
+                            RenewStatus::Lost => {
+                                if held.remove(&a).is_some_and(|l| !l.finished) {
+                                    lost.push(a);
+                                }
                             }
                         }
+                    }
+                }
+                for (seq, token) in lost {
+                    (s.on_revoke)(seq, token, "lease-lost");
+                }
+                for a in canceled {
+                    if s.cancel_told.lock().unwrap().insert(a) {
+                        (s.on_revoke)(a.0, a.1, "canceled");
                     }
                 }
             }
             Err(e) => {
                 failures += 1;
                 (s.log)(format!(
-                    "gnl worker: lease renewal failed ({failures} in a row, {MAX_RENEW_FAILURES} allowed): {e}"
+                    "gnl worker: lease renewal failed ({failures} in a row; a lease is lost {} ms after its last good renewal): {e}",
+                    (s.ttl - s.ttl / LOSS_MARGIN_DIV).as_millis()
                 ));
-                if failures >= MAX_RENEW_FAILURES {
-                    let lost: Vec<i64> = {
-                        let mut held = s.held.lock().unwrap();
-                        let seqs: Vec<i64> = leases
-                            .iter()
-                            .map(|l| l.seq)
-                            .filter(|q| held.contains_key(q))
-                            .collect();
-                        for q in &seqs {
-                            held.remove(q);
-                        }
-                        seqs
-                    };
-                    for q in lost {
-                        (s.on_revoke)(q, "lease-lost");
-                    }
-                    failures = 0;
-                }
             }
         }
     }

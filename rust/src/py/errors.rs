@@ -30,7 +30,7 @@ pub fn to_py(e: Error) -> PyErr {
         Error::StoreUnavailable { reason, code } => {
             StoreUnavailableError::new_err((msg, code, reason))
         }
-        Error::Store { code, .. } => GnlError::new_err((msg, code)),
+        Error::Store { code, .. } | Error::Refused { code, .. } => GnlError::new_err((msg, code)),
         Error::SchemaOutdated {
             found, expected, ..
         } => SchemaOutdatedError::new_err((msg, found, expected)),

@@ -5,6 +5,7 @@
 mod cron;
 mod errors;
 mod jobs;
+mod journal;
 mod json;
 
 use std::future::Future;
@@ -366,29 +367,6 @@ impl NativeStore {
         })
     }
 
-    fn step_get<'py>(
-        &self,
-        py: Python<'py>,
-        run_id: String,
-        name: String,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let s = self.inner.clone();
-        spawn(py, async move { s.step_get(&run_id, &name).await })
-    }
-
-    /// Record `value` (checked as JSON) for step `name` unless recorded; returns the kept JSON.
-    fn step_put<'py>(
-        &self,
-        py: Python<'py>,
-        run_id: String,
-        name: String,
-        value: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        let text = json::encode(value, &format!("the result of step {name:?}"))?;
-        let s = self.inner.clone();
-        spawn(py, async move { s.step_put(&run_id, &name, &text).await })
-    }
-
     fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let s = self.inner.clone();
         spawn(py, async move {
@@ -414,7 +392,7 @@ impl NativeWorker {
 
 #[pymethods]
 impl NativeWorker {
-    /// `on_revoke(seq, why)` is scheduled on `loop` with `call_soon_threadsafe`;
+    /// `on_revoke(seq, token, why)` is scheduled on `loop` with `call_soon_threadsafe`;
     /// `on_log(message)` is called from a native thread.
     #[new]
     #[pyo3(signature = (store, owner, ttl_ms, max_attempts, on_revoke, on_log, event_loop, types))]
@@ -432,13 +410,13 @@ impl NativeWorker {
         crate::validate::duration_ms("ttl_ms", ttl_ms, 3).map_err(to_py)?;
         crate::validate::count("max_attempts", max_attempts, 1).map_err(to_py)?;
         // Native threads enter Python only through `with_python` (see `quiesce`).
-        let revoke = Arc::new(move |seq: i64, why: &'static str| {
+        let revoke = Arc::new(move |seq: i64, token: i64, why: &'static str| {
             with_python(|py| {
                 // A closed loop means the worker is gone; nothing is left to tell.
                 let _ = event_loop.call_method1(
                     py,
                     "call_soon_threadsafe",
-                    (on_revoke.clone_ref(py), seq, why),
+                    (on_revoke.clone_ref(py), seq, token, why),
                 );
             });
         });
@@ -502,7 +480,7 @@ impl NativeWorker {
         core.finish(Outcome::Done {
             seq,
             token,
-            org: core.org_of(seq),
+            org: core.org_of(seq, token),
             result: text,
         });
         Ok(())
@@ -528,7 +506,7 @@ impl NativeWorker {
         core.finish(Outcome::Failed {
             seq,
             token,
-            org: core.org_of(seq),
+            org: core.org_of(seq, token),
             error,
             delay_ms: delay,
         });
@@ -606,6 +584,12 @@ fn job_run_id(org_id: Option<&str>, id: &str) -> String {
     crate::ids::job_run_id(org_id.unwrap_or(""), id)
 }
 
+/// `url` as it may be shown to people: its password replaced by `***`.
+#[pyfunction]
+fn redact_url(url: &str) -> String {
+    crate::store::url::redact(url)
+}
+
 /// The default retry delay (ms) after failed attempt `attempt`, with jitter.
 #[pyfunction]
 fn default_retry_delay_ms(attempt: i64) -> i64 {
@@ -635,9 +619,11 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(upgrade, m)?)?;
     m.add_function(wrap_pyfunction!(encode_json, m)?)?;
     m.add_function(wrap_pyfunction!(job_run_id, m)?)?;
+    m.add_function(wrap_pyfunction!(redact_url, m)?)?;
     m.add_function(wrap_pyfunction!(default_retry_delay_ms, m)?)?;
     m.add_function(wrap_pyfunction!(quiesce, m)?)?;
     cron::register(m)?;
+    journal::register(m)?;
     m.add("SCHEMA_VERSION", store::latest_version("sqlite"))?;
     Ok(())
 }

@@ -1,15 +1,319 @@
-//! The journal's store operations (`JournalStore`): a run's recorded step results, the first
-//! writer's kept. Each engine implements it in its `journal.rs`; durable runs grow it.
+//! The journal's store operations (`JournalStore`): durable runs (`gnl_runs`), their steps keyed
+//! `(run_id, name, n)` with the first writer's result kept (`gnl_run_steps`), and leased locks
+//! with fencing tokens (`gnl_locks`). Each engine implements it in its `journal.rs`.
+//!
+//! All instants are the store's clock (epoch ms). JSON travels as text, checked before it
+//! reaches the store.
 
 use async_trait::async_trait;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
+
+/// The states of a run.
+pub const RUN_STATES: [&str; 4] = ["running", "suspended", "done", "failed"];
+
+/// The longest run id, step name, workflow name or lock key, in characters.
+pub const MAX_KEY_LEN: usize = 4_000;
+
+/// Check a run id, step name, workflow name or lock key (`what` names it): non-empty, at most
+/// `MAX_KEY_LEN` characters, no NUL.
+pub fn check_key(what: &str, v: &str) -> Result<()> {
+    if v.is_empty() {
+        return Err(Error::invalid(format!("{what} must be a non-empty string")));
+    }
+    let n = v.chars().count();
+    if n > MAX_KEY_LEN {
+        return Err(Error::invalid(format!(
+            "{what} is {n} characters long; at most {MAX_KEY_LEN} are allowed"
+        )));
+    }
+    if v.contains('\0') {
+        return Err(Error::invalid(format!(
+            "{what} must not contain NUL characters"
+        )));
+    }
+    Ok(())
+}
+
+/// A recorded step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepRow {
+    pub name: String,
+    /// The earlier calls of `name` in the run.
+    pub n: i64,
+    /// Its place among the run's steps (0-based).
+    pub position: i64,
+    /// `"intent"` (an at-most-once step whose function was called, no result yet) or `"done"`.
+    pub state: String,
+    /// JSON, once done.
+    pub result: Option<String>,
+    pub started_at: i64,
+    pub finished_at: Option<i64>,
+}
+
+/// A run's record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunRow {
+    pub run_id: String,
+    pub workflow: String,
+    pub preset: Option<String>,
+    /// One of `RUN_STATES`.
+    pub state: String,
+    pub input: Option<String>,
+    pub result: Option<String>,
+    pub error: Option<String>,
+    pub scheduled_for: Option<i64>,
+    pub wake_at: Option<i64>,
+    pub lease_owner: Option<String>,
+    pub lease_expires_at: Option<i64>,
+    pub token: i64,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+/// What an execution of a run asks for when it starts.
+#[derive(Debug, Clone)]
+pub struct RunStart {
+    pub run_id: String,
+    pub workflow: String,
+    pub preset: Option<String>,
+    /// JSON text (recorded when the run is new; a resumed run keeps its own).
+    pub input: Option<String>,
+    pub scheduled_for: Option<i64>,
+    /// The executing process.
+    pub owner: String,
+    /// The lease that tells the waker this process is alive; `None`: the run is not the
+    /// waker's to resume (a job's run: the job's own lease covers it).
+    pub lease_ms: Option<i64>,
+}
+
+/// The answer to `run_start`.
+#[derive(Debug, Clone)]
+pub struct RunStarted {
+    pub run: RunRow,
+    /// Its recorded steps in position order (empty for a done run).
+    pub steps: Vec<StepRow>,
+    /// True when this call created the run.
+    pub created: bool,
+    /// The store's clock when it started.
+    pub now_ms: i64,
+}
+
+/// The filter of a run listing.
+#[derive(Debug, Clone, Default)]
+pub struct RunQuery {
+    pub state: Option<String>,
+    pub workflow: Option<String>,
+    pub limit: i64,
+}
+
+/// The same workflow name must run under one run id: a run started as `recorded` cannot be
+/// executed as `asked`.
+pub fn check_workflow(run: &RunRow, asked: &str) -> Result<()> {
+    if run.workflow != asked {
+        return Err(Error::invalid(format!(
+            "run {:?} is a run of workflow {:?}, not {:?}",
+            run.run_id, run.workflow, asked
+        )));
+    }
+    Ok(())
+}
 
 /// What the journal asks of a database.
 #[async_trait]
 pub trait JournalStore: Send + Sync {
-    /// The recorded result (JSON text) of step `name` of run `run_id`.
-    async fn step_get(&self, run_id: &str, name: &str) -> Result<Option<String>>;
-    /// Record a step result unless one exists; returns the kept (first written) result.
-    async fn step_put(&self, run_id: &str, name: &str, result: &str) -> Result<String>;
+    /// Step `(run_id, name, n)` as recorded.
+    async fn step_get(&self, run_id: &str, name: &str, n: i64) -> Result<Option<StepRow>>;
+
+    /// Record step `(run_id, name, n)` as done with `result` (JSON) unless it is recorded.
+    /// Returns `None` when this call recorded it, else the row that was there first (done, or
+    /// an at-most-once step's intent).
+    async fn step_put(
+        &self,
+        run_id: &str,
+        name: &str,
+        n: i64,
+        position: i64,
+        result: &str,
+    ) -> Result<Option<StepRow>>;
+
+    /// Record an at-most-once step's intent (state `intent`, `token` its writer's) unless the
+    /// step is recorded. Returns `None` when this call recorded it, else the row there first.
+    async fn step_intent(
+        &self,
+        run_id: &str,
+        name: &str,
+        n: i64,
+        position: i64,
+        token: i64,
+    ) -> Result<Option<StepRow>>;
+
+    /// Complete the intent written with `token` with `result`. Returns false when that intent
+    /// is gone (an operator resolved it meanwhile), and changes nothing then.
+    async fn step_finish(
+        &self,
+        run_id: &str,
+        name: &str,
+        n: i64,
+        token: i64,
+        result: &str,
+    ) -> Result<bool>;
+
+    /// Resolve an intent without result: `Some(result)` marks it done with that result, `None`
+    /// removes it so that a later execution runs the step again. Returns false when step
+    /// `(run_id, name, n)` is not an intent (unknown or done), changing nothing.
+    async fn step_resolve(
+        &self,
+        run_id: &str,
+        name: &str,
+        n: i64,
+        result: Option<&str>,
+    ) -> Result<bool>;
+
+    /// Start an execution in one call: create the run (state running) or read it, and read its
+    /// recorded steps. A run that is not done becomes running under `owner` with a fresh
+    /// fencing token and, with `lease_ms`, a lease the waker watches. Another workflow name
+    /// under the same run id is refused (`InvalidArgument`), nothing written.
+    async fn run_start(&self, start: &RunStart) -> Result<RunStarted>;
+
+    /// Renew a running run's lease (by whoever executes it). False when it is not running.
+    async fn run_renew(&self, run_id: &str, lease_ms: i64) -> Result<bool>;
+
+    /// A running run sleeps until `wake_at`: state suspended, due to the waker then.
+    async fn run_suspend(&self, run_id: &str, wake_at: i64) -> Result<bool>;
+
+    /// The run returned `result` (JSON): state done unless it is done already. Returns `None`
+    /// when this call recorded it, else the result recorded first.
+    async fn run_finish(&self, run_id: &str, result: &str) -> Result<Option<String>>;
+
+    /// The run's execution failed with `error`: state failed (not the waker's to resume; a
+    /// later `run_workflow` runs it again), unless it is done.
+    async fn run_fail(&self, run_id: &str, error: &str) -> Result<bool>;
+
+    /// A run with its recorded steps.
+    async fn run_get(&self, run_id: &str) -> Result<Option<(RunRow, Vec<StepRow>)>>;
+
+    /// Runs, newest first.
+    async fn list_runs(&self, q: &RunQuery) -> Result<Vec<RunRow>>;
+
+    /// Claim up to `limit` runs of `workflows` that the waker should resume — suspended runs
+    /// whose `wake_at` passed and running runs whose lease expired — oldest due first: each
+    /// becomes running under `owner` with a lease of `lease_ms` (compare-and-set, so several
+    /// wakers never claim one wake-up twice).
+    async fn runs_due(
+        &self,
+        workflows: &[String],
+        owner: &str,
+        lease_ms: i64,
+        limit: i64,
+    ) -> Result<Vec<RunRow>>;
+
+    /// Take lock `key` for `ttl_ms` unless it is held unexpired (by anyone: `owner`, unique
+    /// per acquisition, only names the holder). Returns the fresh fencing token (one more than
+    /// any token the lock had), or `None` when it is held.
+    async fn lock_acquire(&self, key: &str, owner: &str, ttl_ms: i64) -> Result<Option<i64>>;
+
+    /// Extend the lock held with `token`; false when it is not held with that token any more.
+    async fn lock_renew(&self, key: &str, token: i64, ttl_ms: i64) -> Result<bool>;
+
+    /// Release the lock held with `token` (it expires; its row keeps the token count, so the
+    /// next holder's token is fresh); false when it was not held with it.
+    async fn lock_release(&self, key: &str, token: i64) -> Result<bool>;
+}
+
+/// The columns of a `RunRow`, in order (`run_row`).
+pub(crate) const RUN_COLS: &str = "run_id, workflow, preset, state, input, result, error, \
+     scheduled_for, wake_at, lease_owner, lease_expires_at, token, created_at, updated_at";
+
+/// The columns of a `StepRow`, in order (`step_row`).
+pub(crate) const STEP_COLS: &str = "name, n, position, state, result, started_at, finished_at";
+
+/// A `RunRow` from a row of `RUN_COLS`, on an engine whose text columns decode as `String`
+/// (SQLite, Postgres; MySQL reads its binary text columns as bytes).
+pub(crate) fn run_row<'r, R>(r: &'r R) -> RunRow
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    RunRow {
+        run_id: r.get(0),
+        workflow: r.get(1),
+        preset: r.get(2),
+        state: r.get(3),
+        input: r.get(4),
+        result: r.get(5),
+        error: r.get(6),
+        scheduled_for: r.get(7),
+        wake_at: r.get(8),
+        lease_owner: r.get(9),
+        lease_expires_at: r.get(10),
+        token: r.get(11),
+        created_at: r.get(12),
+        updated_at: r.get(13),
+    }
+}
+
+/// A `StepRow` from a row of `STEP_COLS` (as `run_row`).
+pub(crate) fn step_row<'r, R>(r: &'r R) -> StepRow
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    StepRow {
+        name: r.get(0),
+        n: r.get(1),
+        position: r.get(2),
+        state: r.get(3),
+        result: r.get(4),
+        started_at: r.get(5),
+        finished_at: r.get(6),
+    }
+}
+
+/// The row a losing write found; it is there (rows are never deleted but by an operator's
+/// resolve, which a racing writer cannot meet here without a store error).
+pub(crate) fn kept(row: Option<StepRow>, run_id: &str, name: &str) -> Result<Option<StepRow>> {
+    match row {
+        Some(r) => Ok(Some(r)),
+        None => Err(Error::Store {
+            message: format!("step {name:?} of run {run_id:?} vanished after it was written"),
+            code: None,
+        }),
+    }
+}
+
+/// The answer to `run_start` once the engine has the run's record after its upsert: a done
+/// run (or one of another workflow: refused) comes back as it is; a resumed one with its
+/// steps (`steps`, one read); a created one (token 1) has none to read.
+pub(crate) async fn started<F, Fut>(
+    run: Option<RunRow>,
+    start: &RunStart,
+    now_ms: i64,
+    steps: F,
+) -> Result<RunStarted>
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<StepRow>>>,
+{
+    let run = run.ok_or_else(|| Error::Store {
+        message: format!("run {:?} vanished while it started", start.run_id),
+        code: None,
+    })?;
+    check_workflow(&run, &start.workflow)?;
+    let created = run.state != "done" && run.token == 1;
+    let steps = if created || run.state == "done" {
+        vec![]
+    } else {
+        steps().await?
+    };
+    Ok(RunStarted {
+        run,
+        steps,
+        created,
+        now_ms,
+    })
 }

@@ -140,14 +140,14 @@ async fn open_once(url: &str, max_connections: u32, create: bool) -> Result<Arc<
             return Err(Error::SchemaOutdated {
                 found: 0,
                 expected: latest,
-                url: url.to_string(),
+                url: url::redact(url),
             })
         }
         Some(v) if v < latest => {
             return Err(Error::SchemaOutdated {
                 found: v,
                 expected: latest,
-                url: url.to_string(),
+                url: url::redact(url),
             })
         }
         Some(v) if v > latest => {

@@ -18,6 +18,45 @@ pub enum Target {
 const ACCEPTED: &str =
     "sqlite:///relative/path.db, sqlite:////absolute/path.db, sqlite::memory:, postgres://..., postgresql://..., mysql://...";
 
+/// `url` as it may be shown to people (errors, `repr`, logs): a password in its credentials
+/// (`user:secret@`) or in a `password=` query parameter becomes `***`. The full URL is only
+/// ever used to connect.
+pub fn redact(url: &str) -> String {
+    let Some(start) = url.find("://").map(|i| i + 3) else {
+        return url.to_string();
+    };
+    let rest = &url[start..];
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let mut out = url[..start].to_string();
+    match authority.rfind('@') {
+        Some(at) => match authority[..at].find(':') {
+            Some(colon) => {
+                out.push_str(&authority[..=colon]);
+                out.push_str("***");
+                out.push_str(&authority[at..]);
+            }
+            None => out.push_str(authority),
+        },
+        None => out.push_str(authority),
+    }
+    match tail.find('?') {
+        Some(q) => {
+            out.push_str(&tail[..=q]);
+            let params: Vec<String> = tail[q + 1..]
+                .split('&')
+                .map(|p| match p.split_once('=') {
+                    Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+                    _ => p.to_string(),
+                })
+                .collect();
+            out.push_str(&params.join("&"));
+        }
+        None => out.push_str(tail),
+    }
+    out
+}
+
 /// Parse a store URL. `sqlite:///x.db` is relative to the working directory,
 /// `sqlite:////x.db` absolute.
 pub fn parse(url: &str) -> Result<Target> {
@@ -28,12 +67,14 @@ pub fn parse(url: &str) -> Result<Target> {
         let path = rest.strip_prefix('/').unwrap_or(rest);
         if path.is_empty() {
             return Err(Error::invalid(format!(
-                "store URL {url:?} names no file; accepted: {ACCEPTED}"
+                "store URL {:?} names no file; accepted: {ACCEPTED}",
+                redact(url)
             )));
         }
         if path.contains('?') {
             return Err(Error::invalid(format!(
-                "store URL {url:?}: query parameters are not supported for SQLite"
+                "store URL {:?}: query parameters are not supported for SQLite",
+                redact(url)
             )));
         }
         return Ok(Target::Sqlite(SqliteTarget::File(path.to_string())));
@@ -45,7 +86,8 @@ pub fn parse(url: &str) -> Result<Target> {
         return Ok(Target::Mysql(url.replacen("mariadb://", "mysql://", 1)));
     }
     Err(Error::invalid(format!(
-        "unsupported store URL {url:?}; accepted: {ACCEPTED}"
+        "unsupported store URL {:?}; accepted: {ACCEPTED}",
+        redact(url)
     )))
 }
 
@@ -82,5 +124,25 @@ mod tests {
         let e = parse("redis://x").unwrap_err().to_string();
         assert!(e.contains("sqlite:///") && e.contains("postgres://"), "{e}");
         assert!(parse("sqlite:///").is_err());
+    }
+
+    #[test]
+    fn redact_hides_passwords_only() {
+        for (url, shown) in [
+            ("postgres://u:pw@h:5432/db", "postgres://u:***@h:5432/db"),
+            ("mysql://u:p@ss:w@h/db?x=1", "mysql://u:***@h/db?x=1"),
+            (
+                "postgres://u@h/db?password=pw&a=b",
+                "postgres://u@h/db?password=***&a=b",
+            ),
+            ("redis://:pw@h:6379/0", "redis://:***@h:6379/0"),
+            ("postgres://h/db", "postgres://h/db"),
+            ("sqlite:///x.db", "sqlite:///x.db"),
+            ("sqlite::memory:", "sqlite::memory:"),
+        ] {
+            assert_eq!(redact(url), shown, "{url}");
+        }
+        let e = parse("postgress://u:pw@h/db").unwrap_err().to_string();
+        assert!(e.contains("u:***@h") && !e.contains("pw"), "{e}");
     }
 }

@@ -1,43 +1,389 @@
-//! The SQLite journal (`JournalStore`): a run's step results in `gnl_steps`, the first
-//! writer's kept (`ON CONFLICT DO NOTHING` inside one write transaction).
+//! The SQLite journal (`JournalStore`): runs (`gnl_runs`), their steps (`gnl_run_steps`, the
+//! first writer's kept by `ON CONFLICT DO NOTHING`) and leased locks (`gnl_locks`). Every write
+//! is one autocommit statement behind the process's write lock (SQLite takes its own write lock
+//! for it at once, so no transaction upgrades a read lock); runs the waker claims are taken in
+//! one `UPDATE … RETURNING`.
 
 use async_trait::async_trait;
+use sqlx::sqlite::SqliteArguments;
+use sqlx::Arguments;
 
 use super::SqliteStore;
-use crate::error::Result;
-use crate::store::JournalStore;
+use crate::error::{Error, Result};
+use crate::store::journal::*;
+
+/// The kept row of a step that this call did not record.
+const STEP_GET: &str = "SELECT name, n, position, state, result, started_at, finished_at \
+     FROM gnl_run_steps WHERE run_id = ?1 AND name = ?2 AND n = ?3";
+
+impl SqliteStore {
+    async fn write_one(&self, sql: &str, args: SqliteArguments<'_>) -> Result<u64> {
+        let _w = self.write.lock().await;
+        self.counted(1);
+        Ok(sqlx::query_with(sql, args)
+            .execute(&self.pool)
+            .await?
+            .rows_affected())
+    }
+
+    async fn steps_of(&self, run_id: &str) -> Result<Vec<StepRow>> {
+        self.counted(1);
+        let rows = sqlx::query(&format!(
+            "SELECT {STEP_COLS} FROM gnl_run_steps WHERE run_id = ?1 ORDER BY position, name, n"
+        ))
+        .bind(run_id)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.iter().map(step_row).collect())
+    }
+
+    async fn run_of(&self, run_id: &str) -> Result<Option<RunRow>> {
+        self.counted(1);
+        let row = sqlx::query(&format!(
+            "SELECT {RUN_COLS} FROM gnl_runs WHERE run_id = ?1"
+        ))
+        .bind(run_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.as_ref().map(run_row))
+    }
+}
+
+fn args() -> SqliteArguments<'static> {
+    SqliteArguments::default()
+}
+
+fn add<'q, T: 'q + sqlx::Encode<'q, sqlx::Sqlite> + sqlx::Type<sqlx::Sqlite>>(
+    a: &mut SqliteArguments<'q>,
+    v: T,
+) -> Result<()> {
+    a.add(v).map_err(|e| Error::invalid(e.to_string()))
+}
 
 #[async_trait]
 impl JournalStore for SqliteStore {
-    async fn step_get(&self, run_id: &str, name: &str) -> Result<Option<String>> {
+    async fn step_get(&self, run_id: &str, name: &str, n: i64) -> Result<Option<StepRow>> {
         self.counted(1);
-        Ok(
-            sqlx::query_scalar("SELECT result FROM gnl_steps WHERE run_id = ?1 AND name = ?2")
-                .bind(run_id)
-                .bind(name)
-                .fetch_optional(&self.pool)
-                .await?,
-        )
-    }
-
-    async fn step_put(&self, run_id: &str, name: &str, result: &str) -> Result<String> {
-        let _w = self.write.lock().await;
-        let mut tx = self.begin_write().await?;
-        self.counted(2);
-        sqlx::query("INSERT INTO gnl_steps (run_id, name, result, created_at) VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING")
+        let row = sqlx::query(STEP_GET)
             .bind(run_id)
             .bind(name)
-            .bind(result)
-            .bind(self.clock_ms())
-            .execute(&mut *tx)
+            .bind(n)
+            .fetch_optional(&self.pool)
             .await?;
-        let kept: String =
-            sqlx::query_scalar("SELECT result FROM gnl_steps WHERE run_id = ?1 AND name = ?2")
-                .bind(run_id)
-                .bind(name)
-                .fetch_one(&mut *tx)
-                .await?;
-        self.commit(tx).await?;
-        Ok(kept)
+        Ok(row.as_ref().map(step_row))
+    }
+
+    async fn step_put(
+        &self,
+        run_id: &str,
+        name: &str,
+        n: i64,
+        position: i64,
+        result: &str,
+    ) -> Result<Option<StepRow>> {
+        let mut a = args();
+        add(&mut a, run_id)?;
+        add(&mut a, name)?;
+        add(&mut a, n)?;
+        add(&mut a, position)?;
+        add(&mut a, result)?;
+        add(&mut a, self.clock_ms())?;
+        let won = self
+            .write_one(
+                "INSERT INTO gnl_run_steps (run_id, name, n, position, state, result, \
+                 started_at, finished_at) VALUES (?1, ?2, ?3, ?4, 'done', ?5, ?6, ?6) \
+                 ON CONFLICT DO NOTHING",
+                a,
+            )
+            .await?;
+        if won == 1 {
+            return Ok(None);
+        }
+        kept(self.step_get(run_id, name, n).await?, run_id, name)
+    }
+
+    async fn step_intent(
+        &self,
+        run_id: &str,
+        name: &str,
+        n: i64,
+        position: i64,
+        token: i64,
+    ) -> Result<Option<StepRow>> {
+        let mut a = args();
+        add(&mut a, run_id)?;
+        add(&mut a, name)?;
+        add(&mut a, n)?;
+        add(&mut a, position)?;
+        add(&mut a, token)?;
+        add(&mut a, self.clock_ms())?;
+        let won = self
+            .write_one(
+                "INSERT INTO gnl_run_steps (run_id, name, n, position, state, token, started_at) \
+                 VALUES (?1, ?2, ?3, ?4, 'intent', ?5, ?6) ON CONFLICT DO NOTHING",
+                a,
+            )
+            .await?;
+        if won == 1 {
+            return Ok(None);
+        }
+        kept(self.step_get(run_id, name, n).await?, run_id, name)
+    }
+
+    async fn step_finish(
+        &self,
+        run_id: &str,
+        name: &str,
+        n: i64,
+        token: i64,
+        result: &str,
+    ) -> Result<bool> {
+        let mut a = args();
+        add(&mut a, run_id)?;
+        add(&mut a, name)?;
+        add(&mut a, n)?;
+        add(&mut a, token)?;
+        add(&mut a, result)?;
+        add(&mut a, self.clock_ms())?;
+        Ok(self
+            .write_one(
+                "UPDATE gnl_run_steps SET state = 'done', result = ?5, finished_at = ?6 \
+                 WHERE run_id = ?1 AND name = ?2 AND n = ?3 AND state = 'intent' AND token = ?4",
+                a,
+            )
+            .await?
+            == 1)
+    }
+
+    async fn step_resolve(
+        &self,
+        run_id: &str,
+        name: &str,
+        n: i64,
+        result: Option<&str>,
+    ) -> Result<bool> {
+        let mut a = args();
+        add(&mut a, run_id)?;
+        add(&mut a, name)?;
+        add(&mut a, n)?;
+        let sql = match result {
+            Some(r) => {
+                add(&mut a, r)?;
+                add(&mut a, self.clock_ms())?;
+                "UPDATE gnl_run_steps SET state = 'done', result = ?4, finished_at = ?5 \
+                 WHERE run_id = ?1 AND name = ?2 AND n = ?3 AND state = 'intent'"
+            }
+            None => {
+                "DELETE FROM gnl_run_steps \
+                 WHERE run_id = ?1 AND name = ?2 AND n = ?3 AND state = 'intent'"
+            }
+        };
+        Ok(self.write_one(sql, a).await? == 1)
+    }
+
+    async fn run_start(&self, s: &RunStart) -> Result<RunStarted> {
+        let now = self.clock_ms();
+        let lease_until = s.lease_ms.map(|l| now + l);
+        let row = {
+            let _w = self.write.lock().await;
+            self.counted(1);
+            sqlx::query(&format!(
+                "INSERT INTO gnl_runs (run_id, workflow, preset, state, input, scheduled_for, \
+                 lease_owner, lease_expires_at, due_at, token, created_at, updated_at) \
+                 VALUES (?1, ?2, ?3, 'running', ?4, ?5, ?6, ?7, ?7, 1, ?8, ?8) \
+                 ON CONFLICT (run_id) DO UPDATE SET state = 'running', \
+                 lease_owner = excluded.lease_owner, lease_expires_at = excluded.lease_expires_at, \
+                 due_at = excluded.due_at, error = NULL, token = gnl_runs.token + 1, \
+                 updated_at = excluded.updated_at \
+                 WHERE gnl_runs.state <> 'done' AND gnl_runs.workflow = excluded.workflow \
+                 RETURNING {RUN_COLS}"
+            ))
+            .bind(&s.run_id)
+            .bind(&s.workflow)
+            .bind(&s.preset)
+            .bind(&s.input)
+            .bind(s.scheduled_for)
+            .bind(&s.owner)
+            .bind(lease_until)
+            .bind(now)
+            .fetch_optional(&self.pool)
+            .await?
+        };
+        let run = match row.as_ref().map(run_row) {
+            Some(run) => Some(run),
+            None => self.run_of(&s.run_id).await?, // done, or another workflow's run
+        };
+        started(run, s, now, || self.steps_of(&s.run_id)).await
+    }
+
+    async fn run_renew(&self, run_id: &str, lease_ms: i64) -> Result<bool> {
+        let mut a = args();
+        add(&mut a, run_id)?;
+        add(&mut a, self.clock_ms() + lease_ms)?;
+        Ok(self
+            .write_one(
+                "UPDATE gnl_runs SET lease_expires_at = ?2, due_at = ?2 \
+                 WHERE run_id = ?1 AND state = 'running' AND lease_expires_at IS NOT NULL",
+                a,
+            )
+            .await?
+            == 1)
+    }
+
+    async fn run_suspend(&self, run_id: &str, wake_at: i64) -> Result<bool> {
+        let mut a = args();
+        add(&mut a, run_id)?;
+        add(&mut a, wake_at)?;
+        add(&mut a, self.clock_ms())?;
+        Ok(self
+            .write_one(
+                "UPDATE gnl_runs SET state = 'suspended', wake_at = ?2, due_at = ?2, \
+                 lease_owner = NULL, lease_expires_at = NULL, updated_at = ?3 \
+                 WHERE run_id = ?1 AND state = 'running'",
+                a,
+            )
+            .await?
+            == 1)
+    }
+
+    async fn run_finish(&self, run_id: &str, result: &str) -> Result<Option<String>> {
+        let mut a = args();
+        add(&mut a, run_id)?;
+        add(&mut a, result)?;
+        add(&mut a, self.clock_ms())?;
+        let won = self
+            .write_one(
+                "UPDATE gnl_runs SET state = 'done', result = ?2, error = NULL, wake_at = NULL, \
+                 due_at = NULL, lease_owner = NULL, lease_expires_at = NULL, updated_at = ?3 \
+                 WHERE run_id = ?1 AND state <> 'done'",
+                a,
+            )
+            .await?;
+        if won == 1 {
+            return Ok(None);
+        }
+        Ok(self.run_of(run_id).await?.and_then(|r| r.result))
+    }
+
+    async fn run_fail(&self, run_id: &str, error: &str) -> Result<bool> {
+        let mut a = args();
+        add(&mut a, run_id)?;
+        add(&mut a, error)?;
+        add(&mut a, self.clock_ms())?;
+        Ok(self
+            .write_one(
+                "UPDATE gnl_runs SET state = 'failed', error = ?2, due_at = NULL, \
+                 lease_owner = NULL, lease_expires_at = NULL, updated_at = ?3 \
+                 WHERE run_id = ?1 AND state <> 'done'",
+                a,
+            )
+            .await?
+            == 1)
+    }
+
+    async fn run_get(&self, run_id: &str) -> Result<Option<(RunRow, Vec<StepRow>)>> {
+        match self.run_of(run_id).await? {
+            None => Ok(None),
+            Some(r) => Ok(Some((r, self.steps_of(run_id).await?))),
+        }
+    }
+
+    async fn list_runs(&self, q: &RunQuery) -> Result<Vec<RunRow>> {
+        self.counted(1);
+        let rows = sqlx::query(&format!(
+            "SELECT {RUN_COLS} FROM gnl_runs WHERE (?1 IS NULL OR state = ?1) \
+             AND (?2 IS NULL OR workflow = ?2) ORDER BY created_at DESC, run_id DESC LIMIT ?3"
+        ))
+        .bind(&q.state)
+        .bind(&q.workflow)
+        .bind(q.limit)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.iter().map(run_row).collect())
+    }
+
+    async fn runs_due(
+        &self,
+        workflows: &[String],
+        owner: &str,
+        lease_ms: i64,
+        limit: i64,
+    ) -> Result<Vec<RunRow>> {
+        if workflows.is_empty() || limit < 1 {
+            return Ok(vec![]);
+        }
+        let now = self.clock_ms();
+        let mut a = args();
+        add(&mut a, owner)?;
+        add(&mut a, now + lease_ms)?;
+        add(&mut a, now)?;
+        add(&mut a, limit)?;
+        let mut marks = String::new();
+        for (i, w) in workflows.iter().enumerate() {
+            if i > 0 {
+                marks.push_str(", ");
+            }
+            marks.push_str(&format!("?{}", i + 5));
+            add(&mut a, w.as_str())?;
+        }
+        let _w = self.write.lock().await;
+        self.counted(1);
+        let rows = sqlx::query_with(
+            &format!(
+                "UPDATE gnl_runs SET state = 'running', lease_owner = ?1, lease_expires_at = ?2, \
+                 due_at = ?2, token = token + 1, updated_at = ?3 \
+                 WHERE run_id IN (SELECT run_id FROM gnl_runs WHERE due_at <= ?3 \
+                 AND workflow IN ({marks}) ORDER BY due_at LIMIT ?4) RETURNING {RUN_COLS}"
+            ),
+            a,
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.iter().map(run_row).collect())
+    }
+
+    async fn lock_acquire(&self, key: &str, owner: &str, ttl_ms: i64) -> Result<Option<i64>> {
+        let now = self.clock_ms();
+        let _w = self.write.lock().await;
+        self.counted(1);
+        Ok(sqlx::query_scalar(
+            "INSERT INTO gnl_locks (lock_key, owner, token, expires_at) VALUES (?1, ?2, 1, ?3) \
+             ON CONFLICT (lock_key) DO UPDATE SET owner = excluded.owner, \
+             token = gnl_locks.token + 1, expires_at = excluded.expires_at \
+             WHERE gnl_locks.expires_at <= ?4 RETURNING token",
+        )
+        .bind(key)
+        .bind(owner)
+        .bind(now + ttl_ms)
+        .bind(now)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    async fn lock_renew(&self, key: &str, token: i64, ttl_ms: i64) -> Result<bool> {
+        let mut a = args();
+        add(&mut a, key)?;
+        add(&mut a, token)?;
+        add(&mut a, self.clock_ms() + ttl_ms)?;
+        Ok(self
+            .write_one(
+                "UPDATE gnl_locks SET expires_at = ?3 WHERE lock_key = ?1 AND token = ?2",
+                a,
+            )
+            .await?
+            == 1)
+    }
+
+    async fn lock_release(&self, key: &str, token: i64) -> Result<bool> {
+        let mut a = args();
+        add(&mut a, key)?;
+        add(&mut a, token)?;
+        Ok(self
+            .write_one(
+                "UPDATE gnl_locks SET expires_at = 0 WHERE lock_key = ?1 AND token = ?2",
+                a,
+            )
+            .await?
+            == 1)
     }
 }

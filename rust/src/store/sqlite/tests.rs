@@ -150,11 +150,41 @@ async fn max_depth_counts_the_calls_own_jobs_and_writes_nothing() {
 }
 
 #[tokio::test]
-async fn steps_keep_the_first_result() {
-    let s = store().await;
-    assert_eq!(s.step_put("r", "n", "1").await.unwrap(), "1");
-    assert_eq!(s.step_put("r", "n", "2").await.unwrap(), "1");
-    assert_eq!(s.step_get("r", "n").await.unwrap().as_deref(), Some("1"));
+async fn schema_1_steps_become_steps_numbered_0() {
+    let dir = std::env::temp_dir().join(format!("gnl-mig-{}", crate::ids::new_job_id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("s.db");
+    let url = format!("sqlite:///{}", path.display());
+    {
+        use sqlx::Executor;
+        let opts = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true);
+        let pool = sqlx::SqlitePool::connect_with(opts).await.unwrap();
+        let m1 = super::MIGRATOR.iter().find(|m| m.version == 1).unwrap();
+        pool.execute(&*m1.sql).await.unwrap();
+        pool.execute(
+            "CREATE TABLE gnl_schema (id INTEGER PRIMARY KEY, version INTEGER NOT NULL); \
+             INSERT INTO gnl_schema VALUES (1, 1); \
+             INSERT INTO gnl_steps VALUES ('job:x', 'charge', '42', 5)",
+        )
+        .await
+        .unwrap();
+        pool.close().await;
+    }
+    assert!(matches!(
+        open(&url, 2, false).await.err(),
+        Some(Error::SchemaOutdated { found: 1, .. })
+    ));
+    crate::store::upgrade(&url).await.unwrap();
+    let s = open(&url, 2, false).await.unwrap();
+    let row = s.step_get("job:x", "charge", 0).await.unwrap().unwrap();
+    assert_eq!(
+        (row.result.as_deref(), row.state.as_str()),
+        (Some("42"), "done")
+    );
+    s.close().await;
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[tokio::test]

@@ -1,0 +1,490 @@
+//! `gnl._native`'s journal functions (`gnl.durable` wraps them): steps, runs, the waker's
+//! claim, locks, and `RunKeeper`, the tokio task that renews a running run's lease and its
+//! run lock off the Python thread. Arguments are checked here (keys, JSON) before anything is
+//! written.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pyo3::prelude::*;
+
+use super::errors::{to_py, InvalidArgumentError};
+use super::{json, spawn, with_python, NativeStore};
+use crate::store::journal::{check_key, RunQuery, RunRow, RunStart, StepRow, RUN_STATES};
+use crate::store::Store;
+
+/// A step as Python sees it: `(name, n, position, state, result_json, started_at)`.
+type PyStep = (String, i64, i64, String, Option<String>, i64);
+
+fn py_step(s: StepRow) -> PyStep {
+    (s.name, s.n, s.position, s.state, s.result, s.started_at)
+}
+
+/// A run's record, for `gnl.RunInfo` (JSON fields still as text).
+#[pyclass(frozen, module = "gnl._native")]
+pub struct RawRun {
+    #[pyo3(get)]
+    run_id: String,
+    #[pyo3(get)]
+    workflow: String,
+    #[pyo3(get)]
+    preset: Option<String>,
+    #[pyo3(get)]
+    state: String,
+    #[pyo3(get)]
+    input: Option<String>,
+    #[pyo3(get)]
+    result: Option<String>,
+    #[pyo3(get)]
+    error: Option<String>,
+    #[pyo3(get)]
+    scheduled_for: Option<i64>,
+    #[pyo3(get)]
+    wake_at: Option<i64>,
+    #[pyo3(get)]
+    lease_owner: Option<String>,
+    #[pyo3(get)]
+    lease_expires_at: Option<i64>,
+    #[pyo3(get)]
+    created_at: i64,
+    #[pyo3(get)]
+    updated_at: i64,
+}
+
+impl From<RunRow> for RawRun {
+    fn from(r: RunRow) -> Self {
+        RawRun {
+            run_id: r.run_id,
+            workflow: r.workflow,
+            preset: r.preset,
+            state: r.state,
+            input: r.input,
+            result: r.result,
+            error: r.error,
+            scheduled_for: r.scheduled_for,
+            wake_at: r.wake_at,
+            lease_owner: r.lease_owner,
+            lease_expires_at: r.lease_expires_at,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        }
+    }
+}
+
+fn keys(run_id: &str, name: &str) -> PyResult<()> {
+    check_key("run_id", run_id).map_err(to_py)?;
+    check_key("step name", name).map_err(to_py)
+}
+
+/// Step `(run_id, name, n)` as recorded: `(name, n, position, state, result, started_at)`.
+#[pyfunction]
+fn step_get<'py>(
+    py: Python<'py>,
+    store: &NativeStore,
+    run_id: String,
+    name: String,
+    n: i64,
+) -> PyResult<Bound<'py, PyAny>> {
+    keys(&run_id, &name)?;
+    let s = store.inner.clone();
+    spawn(py, async move {
+        Ok(s.step_get(&run_id, &name, n).await?.map(py_step))
+    })
+}
+
+/// Record `value` (checked as JSON first) as step `(run_id, name, n)` unless recorded: None
+/// when this call recorded it, else the row there first.
+#[pyfunction]
+fn step_put<'py>(
+    py: Python<'py>,
+    store: &NativeStore,
+    run_id: String,
+    name: String,
+    n: i64,
+    position: i64,
+    value: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    keys(&run_id, &name)?;
+    let text = json::encode(value, &format!("the result of step {name:?}"))?;
+    let s = store.inner.clone();
+    spawn(py, async move {
+        Ok(s.step_put(&run_id, &name, n, position, &text)
+            .await?
+            .map(py_step))
+    })
+}
+
+/// Record an at-most-once step's intent: None when this call recorded it, else the row.
+#[pyfunction]
+fn step_intent<'py>(
+    py: Python<'py>,
+    store: &NativeStore,
+    run_id: String,
+    name: String,
+    n: i64,
+    position: i64,
+    token: i64,
+) -> PyResult<Bound<'py, PyAny>> {
+    keys(&run_id, &name)?;
+    let s = store.inner.clone();
+    spawn(py, async move {
+        Ok(s.step_intent(&run_id, &name, n, position, token)
+            .await?
+            .map(py_step))
+    })
+}
+
+/// Complete the intent written with `token` with `value` (checked as JSON first).
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn step_finish<'py>(
+    py: Python<'py>,
+    store: &NativeStore,
+    run_id: String,
+    name: String,
+    n: i64,
+    token: i64,
+    value: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    keys(&run_id, &name)?;
+    let text = json::encode(value, &format!("the result of step {name:?}"))?;
+    let s = store.inner.clone();
+    spawn(py, async move {
+        s.step_finish(&run_id, &name, n, token, &text).await
+    })
+}
+
+/// Resolve an intent: mark it done with `value` (checked as JSON), or with `retry` remove it.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+fn step_resolve<'py>(
+    py: Python<'py>,
+    store: &NativeStore,
+    run_id: String,
+    name: String,
+    n: i64,
+    value: &Bound<'py, PyAny>,
+    retry: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    keys(&run_id, &name)?;
+    let text = if retry {
+        None
+    } else {
+        Some(json::encode(value, "value")?)
+    };
+    let s = store.inner.clone();
+    spawn(py, async move {
+        s.step_resolve(&run_id, &name, n, text.as_deref()).await
+    })
+}
+
+/// Start an execution: `(state, result, input, scheduled_for, created, now_ms, steps)` (steps in position
+/// order; see `JournalStore::run_start`).
+#[pyfunction]
+#[pyo3(signature = (store, run_id, workflow, preset, input, scheduled_for, owner, lease_ms))]
+#[allow(clippy::too_many_arguments)]
+fn run_start<'py>(
+    py: Python<'py>,
+    store: &NativeStore,
+    run_id: String,
+    workflow: String,
+    preset: Option<String>,
+    input: &Bound<'py, PyAny>,
+    scheduled_for: Option<i64>,
+    owner: String,
+    lease_ms: Option<i64>,
+) -> PyResult<Bound<'py, PyAny>> {
+    check_key("run_id", &run_id).map_err(to_py)?;
+    check_key("workflow name", &workflow).map_err(to_py)?;
+    if let Some(l) = lease_ms {
+        crate::validate::duration_ms("lease_ms", l, 3).map_err(to_py)?;
+    }
+    let input = if input.is_none() {
+        None
+    } else {
+        Some(json::encode(input, "input")?)
+    };
+    let s = store.inner.clone();
+    let start = RunStart {
+        run_id,
+        workflow,
+        preset,
+        input,
+        scheduled_for,
+        owner,
+        lease_ms,
+    };
+    spawn(py, async move {
+        let st = s.run_start(&start).await?;
+        Ok((
+            st.run.state,
+            st.run.result,
+            st.run.input,
+            st.run.scheduled_for,
+            st.created,
+            st.now_ms,
+            st.steps.into_iter().map(py_step).collect::<Vec<_>>(),
+        ))
+    })
+}
+
+/// A running run sleeps until `wake_at`.
+#[pyfunction]
+fn run_suspend<'py>(
+    py: Python<'py>,
+    store: &NativeStore,
+    run_id: String,
+    wake_at: i64,
+) -> PyResult<Bound<'py, PyAny>> {
+    let s = store.inner.clone();
+    spawn(py, async move { s.run_suspend(&run_id, wake_at).await })
+}
+
+/// The run returned `value` (checked as JSON first): None when this call recorded it, else
+/// the result recorded first.
+#[pyfunction]
+fn run_finish<'py>(
+    py: Python<'py>,
+    store: &NativeStore,
+    run_id: String,
+    value: &Bound<'py, PyAny>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let text = json::encode(value, "the workflow's result")?;
+    let s = store.inner.clone();
+    spawn(py, async move { s.run_finish(&run_id, &text).await })
+}
+
+/// The run's execution failed with `error`.
+#[pyfunction]
+fn run_fail<'py>(
+    py: Python<'py>,
+    store: &NativeStore,
+    run_id: String,
+    error: String,
+) -> PyResult<Bound<'py, PyAny>> {
+    let s = store.inner.clone();
+    spawn(py, async move { s.run_fail(&run_id, &error).await })
+}
+
+/// A run and its steps, or None.
+#[pyfunction]
+fn run_get<'py>(
+    py: Python<'py>,
+    store: &NativeStore,
+    run_id: String,
+) -> PyResult<Bound<'py, PyAny>> {
+    check_key("run_id", &run_id).map_err(to_py)?;
+    let s = store.inner.clone();
+    spawn(py, async move {
+        Ok(s.run_get(&run_id).await?.map(|(r, steps)| {
+            (
+                RawRun::from(r),
+                steps.into_iter().map(py_step).collect::<Vec<_>>(),
+            )
+        }))
+    })
+}
+
+/// Runs, newest first.
+#[pyfunction]
+#[pyo3(signature = (store, state, workflow, limit))]
+fn list_runs<'py>(
+    py: Python<'py>,
+    store: &NativeStore,
+    state: Option<String>,
+    workflow: Option<String>,
+    limit: i64,
+) -> PyResult<Bound<'py, PyAny>> {
+    if !(1..=10_000).contains(&limit) {
+        return Err(InvalidArgumentError::new_err(format!(
+            "limit must be between 1 and 10000, got {limit}"
+        )));
+    }
+    if let Some(st) = &state {
+        if !RUN_STATES.contains(&st.as_str()) {
+            return Err(InvalidArgumentError::new_err(format!(
+                "state must be one of {}, got {st:?}",
+                RUN_STATES.join(", ")
+            )));
+        }
+    }
+    let s = store.inner.clone();
+    let q = RunQuery {
+        state,
+        workflow,
+        limit,
+    };
+    spawn(py, async move {
+        Ok(s.list_runs(&q)
+            .await?
+            .into_iter()
+            .map(RawRun::from)
+            .collect::<Vec<_>>())
+    })
+}
+
+/// Claim up to `limit` due runs of `workflows` for the waker.
+#[pyfunction]
+fn runs_due<'py>(
+    py: Python<'py>,
+    store: &NativeStore,
+    workflows: Vec<String>,
+    owner: String,
+    lease_ms: i64,
+    limit: i64,
+) -> PyResult<Bound<'py, PyAny>> {
+    let s = store.inner.clone();
+    spawn(py, async move {
+        Ok(s.runs_due(&workflows, &owner, lease_ms, limit)
+            .await?
+            .into_iter()
+            .map(RawRun::from)
+            .collect::<Vec<_>>())
+    })
+}
+
+/// Take lock `key`: its fencing token, or None when it is held.
+#[pyfunction]
+fn lock_acquire<'py>(
+    py: Python<'py>,
+    store: &NativeStore,
+    key: String,
+    owner: String,
+    ttl_ms: i64,
+) -> PyResult<Bound<'py, PyAny>> {
+    check_key("lock key", &key).map_err(to_py)?;
+    let s = store.inner.clone();
+    spawn(
+        py,
+        async move { s.lock_acquire(&key, &owner, ttl_ms).await },
+    )
+}
+
+/// Release lock `key` held with `token`.
+#[pyfunction]
+fn lock_release<'py>(
+    py: Python<'py>,
+    store: &NativeStore,
+    key: String,
+    token: i64,
+) -> PyResult<Bound<'py, PyAny>> {
+    let s = store.inner.clone();
+    spawn(py, async move { s.lock_release(&key, token).await })
+}
+
+/// Renews a running run's lease (`lease_ms`, every third of it) and its run lock, in a tokio
+/// task, so a Python thread that blocks does not stop it. The lock is lost when a renewal
+/// answers that it is not ours, or when no renewal succeeded for `ttl_ms` (a deadline after
+/// the last good one, not a count of failures): `on_lost("lease-lost")` is then scheduled on
+/// the loop. `stop()` ends the task and releases the lock.
+#[pyclass(module = "gnl._native")]
+pub struct RunKeeper {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<Option<(String, i64)>>>,
+    store: Arc<dyn Store>,
+}
+
+#[pymethods]
+impl RunKeeper {
+    #[new]
+    #[pyo3(signature = (store, run_id, ttl_ms, lease, lock_key, lock_token, on_lost, event_loop))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        store: &NativeStore,
+        run_id: String,
+        ttl_ms: i64,
+        lease: bool,
+        lock_key: Option<String>,
+        lock_token: i64,
+        on_lost: Py<PyAny>,
+        event_loop: Py<PyAny>,
+    ) -> PyResult<Self> {
+        crate::validate::duration_ms("ttl_ms", ttl_ms, 3).map_err(to_py)?;
+        let s = store.inner.clone();
+        let (tx, mut rx) = tokio::sync::oneshot::channel::<()>();
+        let every = Duration::from_millis((ttl_ms / 3).max(1) as u64);
+        let ttl = Duration::from_millis(ttl_ms as u64);
+        let lost = move || {
+            with_python(|py| {
+                let _ = event_loop.call_method1(
+                    py,
+                    "call_soon_threadsafe",
+                    (on_lost.clone_ref(py), "lease-lost"),
+                );
+            });
+        };
+        let rt = pyo3_async_runtimes::tokio::get_runtime();
+        let task = rt.spawn(async move {
+            let mut lock = lock_key.map(|k| (k, lock_token));
+            let mut last_good = Instant::now();
+            loop {
+                tokio::select! {
+                    _ = &mut rx => return lock,
+                    _ = tokio::time::sleep(every) => {}
+                }
+                let mut ok = true;
+                if lease && s.run_renew(&run_id, ttl_ms).await.is_err() {
+                    ok = false;
+                }
+                if let Some((k, t)) = &lock {
+                    match s.lock_renew(k, *t, ttl_ms).await {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            lock = None;
+                            lost();
+                        }
+                        Err(_) => ok = false,
+                    }
+                }
+                if ok {
+                    last_good = Instant::now();
+                } else if last_good.elapsed() >= ttl && lock.is_some() {
+                    lock = None;
+                    lost();
+                }
+            }
+        });
+        Ok(RunKeeper {
+            stop: Some(tx),
+            task: Some(task),
+            store: store.inner.clone(),
+        })
+    }
+
+    /// Stop renewing and release the run lock (if still held).
+    fn stop<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        let task = self.task.take();
+        let s = self.store.clone();
+        spawn(py, async move {
+            if let Some(t) = task {
+                if let Ok(Some((k, tok))) = t.await {
+                    s.lock_release(&k, tok).await?;
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<RawRun>()?;
+    m.add_class::<RunKeeper>()?;
+    m.add_function(wrap_pyfunction!(step_get, m)?)?;
+    m.add_function(wrap_pyfunction!(step_put, m)?)?;
+    m.add_function(wrap_pyfunction!(step_intent, m)?)?;
+    m.add_function(wrap_pyfunction!(step_finish, m)?)?;
+    m.add_function(wrap_pyfunction!(step_resolve, m)?)?;
+    m.add_function(wrap_pyfunction!(run_start, m)?)?;
+    m.add_function(wrap_pyfunction!(run_suspend, m)?)?;
+    m.add_function(wrap_pyfunction!(run_finish, m)?)?;
+    m.add_function(wrap_pyfunction!(run_fail, m)?)?;
+    m.add_function(wrap_pyfunction!(run_get, m)?)?;
+    m.add_function(wrap_pyfunction!(list_runs, m)?)?;
+    m.add_function(wrap_pyfunction!(runs_due, m)?)?;
+    m.add_function(wrap_pyfunction!(lock_acquire, m)?)?;
+    m.add_function(wrap_pyfunction!(lock_release, m)?)?;
+    Ok(())
+}

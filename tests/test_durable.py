@@ -1,0 +1,529 @@
+"""API.md "Durable runs", in one process, on every backend: the journal's keys and first-writer
+rule, run states and results, bad input, the critical preset and signals, durable sleep and the
+waker, at-most-once steps and their resolution, divergence, ``claim``, ``ctx.run`` in a job.
+
+Across processes (kill -9, two executors, two wakers): test_durable_mp.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import gnl
+from gnl import _native
+
+
+def tally() -> tuple[dict[str, int], Any]:
+    calls: dict[str, int] = {}
+
+    def effect(tag: str, value: Any = None) -> Any:
+        calls[tag] = calls.get(tag, 0) + 1
+        return tag if value is None else value
+
+    return calls, effect
+
+
+async def test_steps_are_keyed_by_name_and_call(storage: gnl.Storage) -> None:
+    calls, effect = tally()
+
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> list[Any]:
+        sent = [await ctx.step("send", effect, f"send-{i}") for i in range(3)]
+        return [*sent, await ctx.step("other", effect, "other")]
+
+    g = gnl.create_gnl(storage, {"wf": wf})
+    assert await g.run_workflow("wf", run_id="r-1") == ["send-0", "send-1", "send-2", "other"]
+    assert await g.run_workflow("wf", run_id="r-2") == ["send-0", "send-1", "send-2", "other"]
+    assert calls == {"send-0": 2, "send-1": 2, "send-2": 2, "other": 2}
+    run = await gnl.get_run(storage, "r-1")
+    assert run is not None and run.state == "done"
+    assert [(s.name, s.n, s.position, s.result) for s in run.steps] == [
+        ("send", 0, 0, "send-0"),
+        ("send", 1, 1, "send-1"),
+        ("send", 2, 2, "send-2"),
+        ("other", 0, 3, "other"),
+    ]
+
+
+async def test_a_finished_run_is_read_back(storage: gnl.Storage) -> None:
+    runs = 0
+
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        nonlocal runs
+        runs += 1
+        return {"got": input, "n": await ctx.step("s", lambda: 5)}
+
+    g = gnl.create_gnl(storage, {"wf": wf})
+    first = await g.run_workflow("wf", run_id="r", input={"x": [1, 2]}, scheduled_for=17)
+    again = await g.run_workflow("wf", run_id="r", input={"ignored": True})
+    assert first == again == {"got": {"x": [1, 2]}, "n": 5}
+    assert runs == 1
+    info = await gnl.get_run(storage, "r")
+    assert info is not None
+    assert (info.state, info.input, info.result, info.scheduled_for) == (
+        "done",
+        {"x": [1, 2]},
+        first,
+        17,
+    )
+
+
+async def test_two_concurrent_executors_converge_on_the_first_result(
+    storage: gnl.Storage,
+) -> None:
+    other = await gnl.connect(storage.url)
+    both_in = asyncio.Barrier(2)
+    effects: list[str] = []
+
+    def make(tag: str) -> Any:
+        async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+            async def body() -> str:
+                effects.append(tag)
+                await both_in.wait()  # both run the step's body before either records
+                return tag
+
+            first = await ctx.step("pick", body)
+            second = await ctx.step("after", lambda: f"{tag}-after")
+            return [first, second]
+
+        return wf
+
+    try:
+        a = gnl.create_gnl(storage, {"wf": make("a")})
+        b = gnl.create_gnl(other, {"wf": make("b")})
+        ra, rb = await asyncio.gather(
+            a.run_workflow("wf", run_id="r"), b.run_workflow("wf", run_id="r")
+        )
+        assert sorted(effects) == ["a", "b"]  # a plain step's body: at least once
+        assert ra == rb, "both executors return the recorded (winner's) values"
+        run = await gnl.get_run(storage, "r")
+        assert run is not None and run.result == ra
+        assert [s.result for s in run.steps] == ra
+    finally:
+        await other.close()
+
+
+async def test_a_raising_step_records_nothing_and_runs_again(storage: gnl.Storage) -> None:
+    calls, effect = tally()
+    fail = [True]
+
+    def flaky() -> str:
+        calls["flaky"] = calls.get("flaky", 0) + 1
+        if fail[0]:
+            raise RuntimeError("card declined")
+        return "charged"
+
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        before = await ctx.step("before", effect, "before")
+        return [before, await ctx.step("charge", flaky)]
+
+    g = gnl.create_gnl(storage, {"wf": wf})
+    with pytest.raises(RuntimeError, match="card declined"):
+        await g.run_workflow("wf", run_id="r")
+    run = await gnl.get_run(storage, "r")
+    assert run is not None
+    assert run.state == "failed" and "card declined" in (run.error or "")
+    assert [s.name for s in run.steps] == ["before"]
+    fail[0] = False
+    assert await g.run_workflow("wf", run_id="r") == ["before", "charged"]
+    assert calls == {"before": 1, "flaky": 2}
+
+
+async def test_a_non_json_result_is_a_type_error_and_records_nothing(
+    storage: gnl.Storage,
+) -> None:
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        return await ctx.step("bad", lambda: {1, 2})
+
+    async def bad_return(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        return object()
+
+    g = gnl.create_gnl(storage, {"wf": wf, "ret": bad_return})
+    with pytest.raises(TypeError):
+        await g.run_workflow("wf", run_id="r")
+    run = await gnl.get_run(storage, "r")
+    assert run is not None and run.steps == () and run.state == "failed"
+    with pytest.raises(TypeError):
+        await g.run_workflow("ret", run_id="r2")
+    run = await gnl.get_run(storage, "r2")
+    assert run is not None and run.state == "failed" and run.result is None
+
+
+async def test_bad_input_is_refused_with_nothing_written(storage: gnl.Storage) -> None:
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        raise AssertionError("never runs")
+
+    g = gnl.create_gnl(storage, {"wf": wf, "other": wf})
+    with pytest.raises(gnl.InvalidArgumentError, match=r"unknown workflow 'nope'.*'other', 'wf'"):
+        await g.run_workflow("nope", run_id="r")
+    with pytest.raises(gnl.InvalidArgumentError, match="run_id"):
+        await g.run_workflow("wf", run_id="")
+    with pytest.raises(TypeError, match="run_id"):
+        await g.run_workflow("wf", run_id=5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        await g.run_workflow("wf", run_id="r", input={"s": {1}})
+    with pytest.raises(ValueError):
+        await g.run_workflow("wf", run_id="r", input=float("nan"))
+    with pytest.raises(gnl.InvalidArgumentError, match="preset"):
+        await g.run_workflow("wf", run_id="r", preset="fast")
+    with pytest.raises(gnl.InvalidArgumentError, match="naive"):
+        import datetime
+
+        await g.run_workflow("wf", run_id="r", scheduled_for=datetime.datetime(2026, 1, 1))
+    with pytest.raises(gnl.InvalidArgumentError, match="preset"):
+        gnl.create_gnl(storage, {"wf": wf}, preset="fast")
+    with pytest.raises(TypeError):
+        gnl.create_gnl(storage, {"wf": 3})  # type: ignore[dict-item]
+    assert await gnl.list_runs(storage) == []
+    with pytest.raises(gnl.InvalidArgumentError, match="state"):
+        await gnl.list_runs(storage, state="sleeping")
+
+
+async def test_a_run_of_another_workflow_is_refused(storage: gnl.Storage) -> None:
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        return 1
+
+    g = gnl.create_gnl(storage, {"a": wf, "b": wf})
+    await g.run_workflow("a", run_id="r")
+    with pytest.raises(gnl.InvalidArgumentError, match='workflow "a", not "b"'):
+        await g.run_workflow("b", run_id="r")
+
+
+async def test_critical_runs_refuse_a_second_executor(storage: gnl.Storage) -> None:
+    inside = asyncio.Event()
+    release = asyncio.Event()
+
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        inside.set()
+        await release.wait()
+        return await ctx.step("s", lambda: "once")
+
+    g = gnl.create_gnl(storage, {"wf": wf}, preset="critical", lease_ms=600)
+    first = asyncio.create_task(g.run_workflow("wf", run_id="r"))
+    await inside.wait()
+    await asyncio.sleep(0.5)  # past a renewal: the lock is renewed, not expired
+    with pytest.raises(gnl.RunBusyError) as busy:
+        await g.run_workflow("wf", run_id="r")
+    assert busy.value.at_lock_acquisition is True
+    # Another run id is not locked; <run_id>:fire is another key.
+    plain = gnl.create_gnl(storage, {"wf": lambda ctx, i: asyncio.sleep(0, "ok")})
+    assert await plain.run_workflow("wf", run_id="r:fire", preset="critical") == "ok"
+    release.set()
+    assert await first == "once"
+    # Released at the end: the next execution reads the result back.
+    assert await g.run_workflow("wf", run_id="r") == "once"
+
+
+async def test_an_aborted_signal_stops_at_the_next_step_and_the_run_resumes(
+    storage: gnl.Storage,
+) -> None:
+    calls, effect = tally()
+    signal = gnl.RevocationSignal()
+
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        a = await ctx.step("a", effect, "a")
+        if ctx.signal is signal:
+            signal.abort("canceled")
+        return [a, await ctx.step("b", effect, "b")]
+
+    g = gnl.create_gnl(storage, {"wf": wf})
+    with pytest.raises(gnl.ExecutionRevokedError) as revoked:
+        await g.run_workflow("wf", run_id="r", signal=signal)
+    assert revoked.value is signal.reason
+    run = await gnl.get_run(storage, "r")
+    assert run is not None and [s.name for s in run.steps] == ["a"]
+    assert await g.run_workflow("wf", run_id="r") == ["a", "b"]
+    assert calls == {"a": 1, "b": 1}
+
+
+async def test_sleep_suspends_and_the_waker_resumes_once(storage: gnl.Storage) -> None:
+    calls, effect = tally()
+
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        before = await ctx.step("before", effect, "before")
+        await ctx.sleep(400)
+        return [before, await ctx.step("after", effect, "after")]
+
+    g = gnl.create_gnl(storage, {"wf": wf})
+    t0 = await storage.now_ms()
+    got = await g.run_workflow("wf", run_id="r")
+    assert isinstance(got, gnl.RunSuspended)
+    assert t0 + 400 <= got.wake_at <= t0 + 400 + 5_000
+    run = await gnl.get_run(storage, "r")
+    assert run is not None and (run.state, run.wake_at) == ("suspended", got.wake_at)
+    # Resumed early: suspends again at the same wake-up, earlier steps not run again.
+    assert await g.run_workflow("wf", run_id="r") == got
+    waker = gnl.create_workflow_waker(g, interval_ms=50)
+    assert await waker.tick() == 0
+    await asyncio.sleep(max(0, got.wake_at - await storage.now_ms()) / 1000 + 0.02)
+    assert await waker.tick() == 1
+    assert await waker.tick() == 0
+    assert calls == {"before": 1, "after": 1}
+    run = await gnl.get_run(storage, "r")
+    assert run is not None and run.state == "done" and run.result == ["before", "after"]
+    assert await g.run_workflow("wf", run_id="r") == ["before", "after"]
+
+
+async def test_the_waker_loop_resumes_runs_and_two_wakers_resume_each_once(
+    storage: gnl.Storage,
+) -> None:
+    other = await gnl.connect(storage.url)
+    calls, effect = tally()
+
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        await ctx.sleep(200)
+        return await ctx.step("after", effect, ctx.run_id)
+
+    try:
+        g1 = gnl.create_gnl(storage, {"wf": wf})
+        g2 = gnl.create_gnl(other, {"wf": wf})
+        for i in range(12):
+            assert isinstance(await g1.run_workflow("wf", run_id=f"r{i}"), gnl.RunSuspended)
+        w1 = gnl.create_workflow_waker(g1, interval_ms=30, batch=5)
+        w2 = gnl.create_workflow_waker(g2, interval_ms=30, batch=5)
+        w1.start()
+        w2.start()
+        for _ in range(200):
+            if len(await gnl.list_runs(storage, state="done")) == 12:
+                break
+            await asyncio.sleep(0.05)
+        await w1.stop()
+        await w2.stop()
+        assert calls == {f"r{i}": 1 for i in range(12)}
+    finally:
+        await other.close()
+
+
+async def test_a_run_whose_process_died_is_resumed_by_the_waker(storage: gnl.Storage) -> None:
+    calls, effect = tally()
+
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        return [await ctx.step("a", effect, "a"), await ctx.step("b", effect, "b")]
+
+    g = gnl.create_gnl(storage, {"wf": wf})
+    native = storage._native
+    # A process started the run, recorded step a, and died: its 3 ms lease lapses.
+    await _native.run_start(native, "r", "wf", None, None, None, "dead:1:x", 3)
+    await _native.step_put(native, "r", "a", 0, 0, "a-from-the-dead")
+    await asyncio.sleep(0.05)
+    stuck = await gnl.list_runs(storage, state="running")
+    assert [r.run_id for r in stuck] == ["r"]
+    waker = gnl.create_workflow_waker(g)
+    assert await waker.tick() == 1
+    assert calls == {"b": 1}
+    run = await gnl.get_run(storage, "r")
+    assert run is not None and run.result == ["a-from-the-dead", "b"]
+    # A live run (renewed lease) is not the waker's.
+    g_live = gnl.create_gnl(storage, {"wf": wf}, lease_ms=300)
+    gate = asyncio.Event()
+
+    async def slow(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        await gate.wait()
+        return 1
+
+    g_live = gnl.create_gnl(storage, {"slow": slow}, lease_ms=300)
+    live = asyncio.create_task(g_live.run_workflow("slow", run_id="live"))
+    await asyncio.sleep(0.8)
+    assert await gnl.create_workflow_waker(g_live).tick() == 0
+    gate.set()
+    assert await live == 1
+
+
+async def test_a_run_that_no_longer_matches_its_journal_fails_naming_the_step(
+    storage: gnl.Storage,
+) -> None:
+    calls, effect = tally()
+
+    async def v1(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        await ctx.step("reserve", effect, "reserve")
+        raise RuntimeError("crash after reserve")
+
+    async def v2(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        await ctx.step("validate", effect, "validate")
+        return await ctx.step("reserve", effect, "reserve")
+
+    with pytest.raises(RuntimeError):
+        await gnl.create_gnl(storage, {"wf": v1}).run_workflow("wf", run_id="r")
+    with pytest.raises(gnl.GnlError, match=r"step 0 is recorded as 'reserve'.*'validate'"):
+        await gnl.create_gnl(storage, {"wf": v2}).run_workflow("wf", run_id="r")
+    run = await gnl.get_run(storage, "r")
+    assert run is not None and run.state == "failed" and "validate" in (run.error or "")
+    assert calls == {"reserve": 1}
+
+
+async def test_at_most_once_never_calls_fn_after_an_unfinished_intent(
+    storage: gnl.Storage,
+) -> None:
+    calls, effect = tally()
+
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        paid = await ctx.step("pay", effect, "pay", {"receipt": 1}, at_most_once=True)
+        return [paid, await ctx.step("mail", effect, "mail")]
+
+    g = gnl.create_gnl(storage, {"wf": wf})
+    assert await g.run_workflow("wf", run_id="ok") == [{"receipt": 1}, "mail"]
+    assert calls == {"pay": 1, "mail": 1}
+    # An execution recorded the intent and died before the result.
+    native = storage._native
+    await _native.run_start(native, "r", "wf", None, None, None, "dead:1:x", None)
+    await _native.step_intent(native, "r", "pay", 0, 0, 99)
+    for _ in range(2):
+        with pytest.raises(gnl.StepOutcomeUnknownError) as unknown:
+            await g.run_workflow("wf", run_id="r")
+        e = unknown.value
+        assert (e.run_id, e.step, e.n) == ("r", "pay", 0)
+        assert e.started_at > 0
+        assert isinstance(e, gnl.GnlError)
+    assert calls == {"pay": 1, "mail": 1}
+    run = await gnl.get_run(storage, "r")
+    assert run is not None and run.steps[0].state == "intent"
+    # The operator knows the payment went through: its result is recorded.
+    with pytest.raises(gnl.InvalidArgumentError):
+        await gnl.resolve_step(storage, "r", "pay")
+    assert await gnl.resolve_step(storage, "r", "pay", value={"receipt": "manual"})
+    assert not await gnl.resolve_step(storage, "r", "pay", value=1)
+    assert await g.run_workflow("wf", run_id="r") == [{"receipt": "manual"}, "mail"]
+    assert calls == {"pay": 1, "mail": 2}
+    # ... or that it did not: the step runs again.
+    await _native.run_start(native, "r2", "wf", None, None, None, "dead:1:x", None)
+    await _native.step_intent(native, "r2", "pay", 0, 0, 98)
+    assert await gnl.resolve_step(storage, "r2", "pay", retry=True)
+    assert await g.run_workflow("wf", run_id="r2") == [{"receipt": 1}, "mail"]
+    assert calls == {"pay": 2, "mail": 3}
+
+
+async def test_an_at_most_once_step_that_raises_records_nothing(storage: gnl.Storage) -> None:
+    attempts = [0]
+
+    def pay() -> str:
+        attempts[0] += 1
+        if attempts[0] == 1:
+            raise ConnectionError("gateway down: nothing charged")
+        return "paid"
+
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        return await ctx.step("pay", pay, at_most_once=True)
+
+    async def bad(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        return await ctx.step("pay", lambda: {1}, at_most_once=True)
+
+    g = gnl.create_gnl(storage, {"wf": wf, "bad": bad})
+    with pytest.raises(ConnectionError):
+        await g.run_workflow("wf", run_id="r")
+    assert await g.run_workflow("wf", run_id="r") == "paid"
+    with pytest.raises(TypeError):
+        await g.run_workflow("bad", run_id="b")
+    run = await gnl.get_run(storage, "b")
+    assert run is not None and run.steps == ()
+
+
+async def test_claim_keeps_the_first_value(storage: gnl.Storage) -> None:
+    assert await gnl.claim(storage, "k", {"v": 1}) == {"v": 1}
+    assert await gnl.claim(storage.journal, "k", {"v": 2}) == {"v": 1}
+    winners = await asyncio.gather(*(gnl.claim(storage, "race", i) for i in range(10)))
+    assert len(set(winners)) == 1
+    with pytest.raises(TypeError):
+        await gnl.claim(storage, "x", {1})
+    with pytest.raises(gnl.InvalidArgumentError):
+        await gnl.claim(storage, "", 1)
+
+
+async def test_listing_runs(storage: gnl.Storage) -> None:
+    async def done(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        return input
+
+    async def sleepy(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        await ctx.sleep(60_000)
+
+    g = gnl.create_gnl(storage, {"done": done, "sleepy": sleepy})
+    await g.run_workflow("done", run_id="a", input=1)
+    await asyncio.sleep(0.005)
+    await g.run_workflow("sleepy", run_id="b")
+    assert [r.run_id for r in await gnl.list_runs(storage)] == ["b", "a"]
+    assert [r.run_id for r in await gnl.list_runs(storage, state="suspended")] == ["b"]
+    assert [r.run_id for r in await gnl.list_runs(storage, workflow="done")] == ["a"]
+    assert [r.run_id for r in await gnl.list_runs(storage, limit=1)] == ["b"]
+    assert await gnl.get_run(storage, "nope") is None
+    with pytest.raises(gnl.InvalidArgumentError):
+        await gnl.list_runs(storage, limit=0)
+
+
+async def test_ctx_run_in_a_job_repeats_no_completed_step(storage: gnl.Storage) -> None:
+    calls, effect = tally()
+
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        a = await ctx.step("a", effect, "a")
+        if calls.get("attempt-1-failed") is None:
+            calls["attempt-1-failed"] = 1
+            raise RuntimeError("first attempt dies after a")
+        return [input, a, await ctx.step("b", effect, "b")]
+
+    async def handler(payload: Any, ctx: gnl.JobContext) -> Any:
+        pre = await ctx.step("pre", effect, "pre")
+        return [pre, await ctx.run(wf, payload)]
+
+    async def sleeper(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        await ctx.sleep(10)
+
+    async def sleeps(payload: Any, ctx: gnl.JobContext) -> Any:
+        try:
+            await ctx.run(sleeper)
+        except gnl.InvalidArgumentError as e:
+            return str(e)
+
+    await gnl.enqueue(storage, "t", {"in": 1}, id="j")
+    await gnl.enqueue(storage, "s", None, id="s")
+    worker = gnl.create_worker(storage, {"t": handler, "s": sleeps}, retry_delay_ms=0)
+    await worker.drain()
+    job = await gnl.get_job(storage, "j")
+    assert job is not None and job.state == "done", job
+    assert job.result == ["pre", [{"in": 1}, "a", "b"]]
+    assert calls == {"pre": 1, "a": 1, "attempt-1-failed": 1, "b": 1}
+    slept = await gnl.get_job(storage, "s")
+    assert slept is not None and "ctx.sleep" in slept.result
+
+
+def test_gnl_runs_list_show_resolve(store_url: Any) -> None:
+    import json
+    import subprocess
+    import sys
+
+    url = store_url()
+
+    async def setup() -> None:
+        async with await gnl.connect(url) as st:
+
+            async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+                return await ctx.step("pay", lambda: 1, at_most_once=True)
+
+            await gnl.create_gnl(st, {"wf": wf}).run_workflow("wf", run_id="ok")
+            await _native.run_start(st._native, "stuck", "wf", None, None, None, "dead", None)
+            await _native.step_intent(st._native, "stuck", "pay", 0, 0, 5)
+
+    asyncio.run(setup())
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "gnl", "runs", *args, "--url", url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    listed = [json.loads(line) for line in cli("list", "--json").stdout.splitlines()]
+    assert sorted((r["run_id"], r["state"]) for r in listed) == [
+        ("ok", "done"),
+        ("stuck", "running"),
+    ]
+    shown = json.loads(cli("show", "stuck", "--json").stdout)
+    assert [(s["name"], s["state"]) for s in shown["steps"]] == [("pay", "intent")]
+    assert "pay" in cli("show", "stuck").stdout
+    assert cli("show", "nope").returncode == 1
+    assert cli("resolve", "stuck", "pay").returncode == 2  # neither --value nor --retry
+    done = cli("resolve", "stuck", "pay", "--value", '{"paid": true}')
+    assert done.returncode == 0, done.stderr
+    assert cli("resolve", "stuck", "pay", "--retry").returncode == 1  # nothing left to resolve
+    shown = json.loads(cli("show", "stuck", "--json").stdout)
+    assert shown["steps"][0]["result"] == {"paid": True}
