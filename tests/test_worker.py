@@ -879,3 +879,41 @@ def test_a_worker_drains_again_on_a_new_event_loop(store_url: Any) -> None:
 
     assert asyncio.run(first()) == 1
     assert asyncio.run(second()) == 1
+
+
+# --------------------------------------------------------------------------------------------
+# a worker claims only the job types it has handlers for (issue 15, deliverable 4)
+
+
+async def test_workers_with_disjoint_handlers_run_only_their_own_types(
+    storage: gnl.Storage,
+) -> None:
+    """Two deployments share one store, each with handlers for its own job types: each runs
+    only its own jobs, none is failed or dead-lettered for want of a handler, and a job whose
+    type no worker serves stays pending (and listed) for a worker that will."""
+    ran: dict[str, list[str]] = {"mail": [], "pdf": []}
+
+    def handler_of(worker: str) -> Any:
+        async def handler(payload: Any, ctx: gnl.JobContext) -> None:
+            ran[worker].append(ctx.type)
+
+        return handler
+
+    for i in range(12):
+        await gnl.enqueue(storage, "email" if i % 2 else "render", {"i": i}, org_id=f"o{i % 3}")
+    orphan = await gnl.enqueue(storage, "fax", {}, org_id="o1")
+    mail = gnl.create_worker(storage, {"email": handler_of("mail")}, concurrency=2, name="mail")
+    pdf = gnl.create_worker(
+        storage, {"render": handler_of("pdf"), "ocr": handler_of("pdf")}, concurrency=3, name="pdf"
+    )
+    done_mail, done_pdf = await asyncio.gather(mail.drain(), pdf.drain())
+    assert done_mail == gnl.DrainResult(processed=6, succeeded=6, failed=0)
+    assert done_pdf == gnl.DrainResult(processed=6, succeeded=6, failed=0)
+    assert ran == {"mail": ["email"] * 6, "pdf": ["render"] * 6}
+    jobs = await all_jobs(storage)
+    assert sorted(j.state for j in jobs) == ["done"] * 12 + ["pending"]
+    fax = await gnl.get_job(storage, orphan, org_id="o1")
+    assert fax is not None and (fax.state, fax.attempts, fax.last_error) == ("pending", 0, None)
+    # A worker with the handler runs it.
+    fax_worker = gnl.create_worker(storage, {"fax": noop})
+    assert await fax_worker.drain() == gnl.DrainResult(processed=1, succeeded=1, failed=0)

@@ -284,6 +284,7 @@ class Worker:
                 self._on_revoke,
                 self._on_log,
                 loop,
+                list(self._handlers),
             )
             self._loop = loop
         return self._native
@@ -744,8 +745,10 @@ def create_worker(
 
     Args:
         storage: The Storage (or its work store).
-        handlers: Job type -> ``async def handler(payload, ctx)``. A claimed job whose type
-            has no handler here fails its attempt (and is retried, then dead-lettered).
+        handlers: Job type -> ``async def handler(payload, ctx)``. The worker claims only
+            jobs of these types (there is no catch-all): a job of another type stays
+            ``pending`` (and listed) for a worker that has its handler, so deployments that
+            serve different types can share one store. Empty: the worker claims nothing.
         ttl_ms: The lease, renewed every ``ttl_ms / 3`` off the Python thread (>= 3).
         max_attempts: Attempts (counted at claim time) before a job is ``dead`` (>= 1).
         max_hold_ms: Time limit of one attempt: the signal aborts with ``timeout`` and the

@@ -115,7 +115,34 @@ pub fn lanes_of<'a>(
     all.into_iter().collect()
 }
 
+/// Each (organization, job type) of `batches` (parts of one batch) with when its jobs are due,
+/// in (organization, type) name order (`JobBatch::type_lanes`).
+pub fn type_lanes_of<'a>(
+    batches: impl IntoIterator<Item = &'a JobBatch>,
+) -> Vec<(&'a str, &'a str, LaneSummary)> {
+    let mut all: std::collections::BTreeMap<(&'a str, &'a str), LaneSummary> = Default::default();
+    for b in batches {
+        for p in &b.jobs {
+            let key = (
+                b.orgs.names[p.org as usize].as_str(),
+                b.types.names[p.typ as usize].as_str(),
+            );
+            all.entry(key).or_default().add_due(p.due);
+        }
+    }
+    all.into_iter().map(|((o, t), l)| (o, t, l)).collect()
+}
+
 impl LaneSummary {
+    /// Count a job due `due` in.
+    fn add_due(&mut self, due: Due) {
+        match due {
+            Due::At(r) => self.min_at = Some(self.min_at.map_or(r, |a| a.min(r))),
+            Due::Now => self.min_after = Some(self.min_after.map_or(0, |a| a.min(0))),
+            Due::After(d) => self.min_after = Some(self.min_after.map_or(d, |a| a.min(d))),
+        }
+    }
+
     /// What this lane and `other` ask together.
     pub fn merge(&mut self, other: &LaneSummary) {
         fn min(a: Option<i64>, b: Option<i64>) -> Option<i64> {
@@ -212,11 +239,7 @@ impl JobBatch {
             self.lanes.push(LaneSummary::default());
         }
         let lane = &mut self.lanes[org_i as usize];
-        match due {
-            Due::At(r) => lane.min_at = Some(lane.min_at.map_or(r, |a| a.min(r))),
-            Due::Now => lane.min_after = Some(lane.min_after.map_or(0, |a| a.min(0))),
-            Due::After(d) => lane.min_after = Some(lane.min_after.map_or(d, |a| a.min(d))),
-        }
+        lane.add_due(due);
         if let Some(m) = max_depth {
             lane.max_depth = Some(lane.max_depth.map_or(m, |a| a.min(m)));
         }
@@ -282,6 +305,13 @@ impl JobBatch {
     /// Each organization of the batch with what the batch asks of its lane, in name order.
     pub fn lanes(&self) -> Vec<(&str, LaneSummary)> {
         lanes_of([self])
+    }
+
+    /// Each (organization, job type) of the batch with when its jobs are due (the lane rows a
+    /// claim reads are per organization and type), in (organization, type) name order;
+    /// `max_depth` is not set (it is the organization's).
+    pub fn type_lanes(&self) -> Vec<(&str, &str, LaneSummary)> {
+        type_lanes_of([self])
     }
 
     /// Make room for `jobs` more jobs of about `text_per_job` bytes of id and payload each.
@@ -372,6 +402,10 @@ pub struct ClaimRequest {
     pub limit: usize,
     pub ttl_ms: i64,
     pub max_attempts: i64,
+    /// The job types the worker has handlers for: only jobs of these types are claimed (lanes
+    /// in turn among them); a job of another type stays pending for a worker that has its
+    /// handler. There is no catch-all: empty claims nothing.
+    pub types: Vec<String>,
     /// A claim that carries no outcomes first looks, with one cheap read, whether any job is
     /// due or any lease expired (the empty poll). False skips that read, e.g. when the last
     /// claim came back full: jobs are likely due, and the claim is one statement less.

@@ -29,18 +29,22 @@ CREATE TABLE IF NOT EXISTS gnl_jobs (
     cancel_requested TINYINT NOT NULL DEFAULT 0,
     PRIMARY KEY (seq),
     UNIQUE KEY gnl_jobs_org_id (org, id_key),
-    -- A lane's due jobs, oldest first (InnoDB appends seq): the claim reads it in order, so
-    -- no filesort and no lock on rows it does not take.
-    KEY gnl_jobs_due (org, state, run_at),
+    -- A lane's due jobs of one type, oldest first (InnoDB appends seq): the claim reads it in
+    -- order, so no filesort and no lock on rows it does not take.
+    KEY gnl_jobs_due (org, state, type, run_at),
     -- Expired leases.
     KEY gnl_jobs_lease (state, lease_expires_at),
     -- Listings: a lane in enqueue order.
     KEY gnl_jobs_lane_seq (org, seq)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 
--- One row per organization (the no-organization lane included).
--- next_run_at is a lower bound of the lane's earliest pending run_at (NULL: nothing pending);
--- served_at orders the lanes: the smallest has waited longest.
+-- One row per organization (the no-organization lane included) and job type: a claim reads
+-- the rows of the types its worker has handlers for, so a lane whose jobs are of other types
+-- costs it nothing. next_run_at is a lower bound of the earliest pending run_at of the lane's
+-- jobs of that type (NULL: none pending); served_at orders the organizations: the smallest has
+-- waited longest. It is the organization's turn ticket: a claim that serves the organization
+-- writes it on the organization's rows it holds, and a new row takes it from the others. The
+-- row of type '' (no job has it) is an organization's lock for an enqueue's max_depth check.
 -- due <> 0: the lane is in the turn (its next_run_at had come when a claim last looked at it).
 -- A claim takes lanes from the turn index alone, so lanes whose jobs are all due later cost it
 -- nothing; lanes not due wait in gnl_lanes_next, and a claim moves those whose next_run_at has
@@ -48,14 +52,15 @@ CREATE TABLE IF NOT EXISTS gnl_jobs (
 -- due_turn is served_at for lanes in the turn (else NULL), wait_at next_run_at for the others.
 CREATE TABLE IF NOT EXISTS gnl_lanes (
     org         VARBINARY(800) NOT NULL,
+    type        VARBINARY(800) NOT NULL,
     next_run_at BIGINT NULL,
     served_at   BIGINT NOT NULL DEFAULT 0,
     due         TINYINT NOT NULL DEFAULT 0,
     due_turn    BIGINT AS (IF(due <> 0, served_at, NULL)) STORED,
     wait_at     BIGINT AS (IF(due <> 0, NULL, next_run_at)) STORED,
-    PRIMARY KEY (org),
-    KEY gnl_lanes_turn (due_turn, org),
-    KEY gnl_lanes_next (wait_at),
+    PRIMARY KEY (org, type),
+    KEY gnl_lanes_turn (type, due_turn, org),
+    KEY gnl_lanes_next (type, wait_at),
     KEY gnl_lanes_served (served_at)                         -- the latest turn ticket
 ) ENGINE=InnoDB;
 

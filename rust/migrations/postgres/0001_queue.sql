@@ -55,7 +55,7 @@ WITH (fillfactor = 50);
 -- due first. Jobs due at enqueue are not in it: each index entry costs a bulk enqueue about
 -- a quarter of its time, and the key already holds them in order. Its predicate reads
 -- in_order alone (not state), so that claiming and finishing an in_order job stay HOT.
-CREATE INDEX gnl_jobs_due ON gnl_jobs (org, run_at, seq) WHERE NOT in_order;
+CREATE INDEX gnl_jobs_due ON gnl_jobs (org, type, run_at, seq) WHERE NOT in_order;
 
 -- Lease records: one per claim, naming every job that claim took (their (org, seq) keys), until
 -- none of them is running under it. They are how expired leases are found: a record whose
@@ -78,12 +78,17 @@ CREATE TABLE gnl_leases (
 );
 CREATE INDEX gnl_leases_expiry ON gnl_leases (expires_at);
 
--- One row per organization (the no-organization lane included).
--- next_run_at is a lower bound of the lane's earliest pending run_at (NULL: nothing pending);
--- served_at orders the lanes: the smallest has waited longest.
--- head: every pending in_order job of the lane has seq >= head. Only a claim, holding the
--- lane's row lock, moves it: to the first in_order job it sees pending, or past the last job
--- it sees. An enqueue holds enqueue locks (transaction advisory locks that claims never take:
+-- One row per organization (the no-organization lane included) and job type: a claim reads
+-- the rows of the types its worker has handlers for, so a lane whose jobs are of other types
+-- costs it nothing. next_run_at is a lower bound of the earliest pending run_at of the lane's
+-- jobs of that type (NULL: none pending); served_at orders the organizations: the smallest has
+-- waited longest. It is the organization's turn ticket: a claim that serves the organization
+-- writes it on the organization's rows it holds, and a new row takes it from the others.
+-- head: every pending in_order job of the organization of that type has seq >= head. Only a
+-- claim, holding the row's lock, moves it: to the first in_order job of the type it sees
+-- pending, or past the organization's last job. A new row starts at its first job (an
+-- enqueue of one statement) or at the organization's highest head (every job of the
+-- enqueue comes after it). An enqueue holds enqueue locks (transaction advisory locks that claims never take:
 -- its lanes' ('gnl_lane:<schema>:<org>') under a shared gnl-wide lock, or, over 32 lanes, the
 -- gnl-wide one ('gnl_lanes:<schema>') exclusively; keys are hashtextextended(key, 0)) from before its jobs get
 -- seqs until it commits, so a lane's jobs become visible in seq order and none can appear
@@ -93,14 +98,16 @@ CREATE INDEX gnl_leases_expiry ON gnl_leases (expires_at);
 -- nothing; lanes not due wait in gnl_lanes_next, and a claim moves those whose next_run_at has
 -- come into the turn (an enqueue only lowers next_run_at).
 CREATE TABLE gnl_lanes (
-    org         text COLLATE "C" PRIMARY KEY,
+    org         text COLLATE "C" NOT NULL,
+    type        text COLLATE "C" NOT NULL,
     next_run_at bigint,
     served_at   bigint NOT NULL DEFAULT 0,
     head        bigint NOT NULL DEFAULT 0,
-    due         boolean NOT NULL DEFAULT false
+    due         boolean NOT NULL DEFAULT false,
+    PRIMARY KEY (org, type)
 );
-CREATE INDEX gnl_lanes_turn ON gnl_lanes (served_at, org) WHERE due;
-CREATE INDEX gnl_lanes_next ON gnl_lanes (next_run_at) WHERE NOT due AND next_run_at IS NOT NULL;
+CREATE INDEX gnl_lanes_turn ON gnl_lanes (type, served_at, org) WHERE due;
+CREATE INDEX gnl_lanes_next ON gnl_lanes (type, next_run_at) WHERE NOT due AND next_run_at IS NOT NULL;
 -- The latest turn ticket (a claim's tickets follow it).
 CREATE INDEX gnl_lanes_served ON gnl_lanes (served_at);
 

@@ -31,7 +31,8 @@ CREATE FUNCTION gnl_claim(
     f_seq bigint[], f_tok bigint[], f_err text[], f_delay bigint[], -- failed: ..., error, retry delay
     reclaim boolean,                                             -- take back expired leases
     lim bigint, max_att bigint, ttl bigint, holder text,         -- the claim (lim 0: none)
-    d_org text[], f_org text[])                                  -- the outcomes' organizations
+    d_org text[], f_org text[],                                  -- the outcomes' organizations
+    types text[])                                                -- the job types to claim
 RETURNS TABLE (seq bigint, lease_token bigint, org text, id text, type text, payload text,
                attempts bigint, run_at bigint)
 LANGUAGE plpgsql VOLATILE
@@ -45,13 +46,16 @@ AS $fn$
 #variable_conflict use_column
 DECLARE
     now_ms bigint := floor(extract(epoch from statement_timestamp()) * 1000)::bigint;
-    lanes text[];
-    heads bigint[];
-    nl bigint;
+    lanes text[];                                                   -- the lanes read: org,
+    ltypes text[];                                                  -- type, head, and the
+    heads bigint[];                                                 -- org's place in turn
+    ranks bigint[];
+    nl bigint;                                                      -- organizations in turn
     lid bigint;
     ended bigint[] := '{}';                                         -- the finished jobs' lease ids
     expired boolean;
     due_org text[] := '{}';                                         -- jobs due again: lane, run_at
+    due_type text[] := '{}';
     due_at bigint[] := '{}';
 BEGIN
     -- Outcomes. Each write is conditional on (seq, token, state running): a stale holder's
@@ -85,12 +89,13 @@ BEGIN
                                    THEN NULL ELSE now_ms END
             FROM unnest(f_seq, f_tok, f_err, f_delay, f_org) AS o(seq, tok, err, delay, org)
             WHERE g.org = o.org AND g.seq = o.seq AND g.lease_token = o.tok AND g.state = 'running'
-            RETURNING g.org, g.state, g.run_at, g.lease_id
+            RETURNING g.org, g.type, g.state, g.run_at, g.lease_id
         )
         SELECT ended || coalesce(array_agg(f.lease_id), '{}'),
                coalesce(array_agg(f.org) FILTER (WHERE f.state = 'pending'), '{}'),
+               coalesce(array_agg(f.type) FILTER (WHERE f.state = 'pending'), '{}'),
                coalesce(array_agg(f.run_at) FILTER (WHERE f.state = 'pending'), '{}')
-        INTO ended, due_org, due_at FROM f;
+        INTO ended, due_org, due_type, due_at FROM f;
     END IF;
     -- Expired leases (their holders stopped renewing): due again at once, or dead. A lease
     -- record that has expired names the jobs to look at; each is taken back when it is still
@@ -122,19 +127,21 @@ BEGIN
             FROM e
             WHERE g.org = e.org AND g.seq = e.seq
               AND g.state = 'running' AND g.lease_expires_at < now_ms
-            RETURNING g.org, g.state, g.run_at
+            RETURNING g.org, g.type, g.state, g.run_at
         )
         SELECT due_org || coalesce(array_agg(r.org) FILTER (WHERE r.state = 'pending'), '{}'),
+               due_type || coalesce(array_agg(r.type) FILTER (WHERE r.state = 'pending'), '{}'),
                due_at || coalesce(array_agg(r.run_at) FILTER (WHERE r.state = 'pending'), '{}')
-        INTO due_org, due_at FROM r;
+        INTO due_org, due_type, due_at FROM r;
     END IF;
     -- The lanes of the jobs due again (failed and retried, or taken back) learn of them, in
-    -- one upsert in org order (two, one per kind, could take two lanes in opposite orders).
+    -- one upsert in (org, type) order (two, one per kind, could take two lanes in opposite
+    -- orders). Their lanes exist (the jobs were enqueued into them).
     IF cardinality(due_org) > 0 THEN
-        INSERT INTO gnl_lanes AS x (org, next_run_at, served_at)
-        SELECT d.org, min(d.at), 0 FROM unnest(due_org, due_at) AS d(org, at)
-        GROUP BY d.org ORDER BY d.org
-        ON CONFLICT (org) DO UPDATE SET next_run_at = least(x.next_run_at, excluded.next_run_at);
+        INSERT INTO gnl_lanes AS x (org, type, next_run_at, served_at)
+        SELECT d.org, d.type, min(d.at), 0 FROM unnest(due_org, due_type, due_at) AS d(org, type, at)
+        GROUP BY d.org, d.type ORDER BY d.org, d.type
+        ON CONFLICT (org, type) DO UPDATE SET next_run_at = least(x.next_run_at, excluded.next_run_at);
     END IF;
     -- The finished jobs' lease records count them; a record with none left is deleted. The
     -- last writes of the call that may wait: lease records come after job rows and lane rows,
@@ -166,59 +173,75 @@ BEGIN
         )
         UPDATE gnl_leases x SET expires_at = y.ends FROM y WHERE x.id = y.id AND y.ends IS NOT NULL;
     END IF;
-    IF lim <= 0 THEN
+    IF lim <= 0 OR cardinality(types) = 0 THEN
         RETURN;
     END IF;
 
-    -- Waiting lanes whose next_run_at has come join the turn, with the tickets they had (busy
-    -- ones are skipped: a later claim moves them). Then the lanes in the turn that waited
-    -- longest, locked; busy ones are skipped. Lanes whose jobs are all due later are in
-    -- neither read.
+    -- Waiting lanes of the claim's types whose next_run_at has come join the turn, with the
+    -- tickets they had (busy ones are skipped: a later claim moves them). Then, per type, the
+    -- lanes in the turn that waited longest, locked (busy ones are skipped); of those, the
+    -- first lim organizations by their earliest lane, with all their lanes read. Lanes whose
+    -- jobs are all due later, or of other types, are in neither read.
     UPDATE gnl_lanes x SET due = true FROM (
-        SELECT w.org FROM gnl_lanes w WHERE NOT w.due AND w.next_run_at <= now_ms
+        SELECT w.org, w.type FROM gnl_lanes w
+        WHERE NOT w.due AND w.type = ANY (types) AND w.next_run_at <= now_ms
         FOR UPDATE SKIP LOCKED) w
-    WHERE x.org = w.org;
-    SELECT array_agg(l.org ORDER BY l.served_at, l.org), array_agg(l.head ORDER BY l.served_at, l.org)
-    INTO lanes, heads FROM (
-        SELECT x.org, x.served_at, x.head FROM gnl_lanes x
-        WHERE x.due
-        ORDER BY x.served_at, x.org LIMIT lim
-        FOR UPDATE SKIP LOCKED) l;
+    WHERE x.org = w.org AND x.type = w.type;
+    WITH c AS (
+        SELECT x.org, x.type, x.served_at, x.head FROM unnest(types) AS t(type)
+        CROSS JOIN LATERAL (
+            SELECT y.org, y.type, y.served_at, y.head FROM gnl_lanes y
+            WHERE y.due AND y.type = t.type
+            ORDER BY y.served_at, y.org LIMIT lim
+            FOR UPDATE SKIP LOCKED) x
+    ),
+    o AS (
+        SELECT c.org, min(c.served_at) AS at FROM c GROUP BY c.org ORDER BY 2, 1 LIMIT lim
+    ),
+    r AS (
+        SELECT o.org, o.at, row_number() OVER (ORDER BY o.at, o.org) AS rank FROM o
+    )
+    SELECT array_agg(c.org ORDER BY r.rank, c.type), array_agg(c.type ORDER BY r.rank, c.type),
+           array_agg(c.head ORDER BY r.rank, c.type), array_agg(r.rank ORDER BY r.rank, c.type),
+           max(r.rank)
+    INTO lanes, ltypes, heads, ranks, nl FROM c JOIN r ON r.org = c.org;
     IF lanes IS NULL THEN
         RETURN;
     END IF;
-    nl := cardinality(lanes);
     lid := nextval('gnl_lease_ids');
 
-    -- Each locked lane's oldest due jobs (an equal share of the batch each, the first lanes
-    -- the rest), marked running with a new fencing token under one new lease record. A
-    -- lane's candidates come from two places: its in_order jobs along the key from its head,
-    -- and the others from the due index; the earliest due of both are taken. Then the lanes: a lane that got a job gets
-    -- the next turn ticket (tickets strictly increase, in the order the lanes were served, so
-    -- claims within one millisecond do not tie; they stay near the store's clock in 1/4096
-    -- ms, so a new lane's ticket 0 sorts first; a lane that got nothing keeps its ticket).
-    -- Every locked lane's head moves to its first in_order job still pending (none: past its
-    -- last job), and its next_run_at becomes its earliest pending run_at (NULL: nothing
-    -- pending); it stays in the turn while that has come. A head never passes a job still being enqueued: enqueues into one lane commit
-    -- in seq order (their enqueue locks, migration 0001), so every seq below one this
+    -- Each organization in turn gets an equal share of the batch (the first ones the rest):
+    -- the oldest due jobs of its locked lanes, marked running with a new fencing token under
+    -- one new lease record. A lane's candidates come from two places: its type's in_order jobs
+    -- along the key from its head, and the others from the due index; the earliest due of all
+    -- the organization's lanes are taken. Then the lanes: the lanes of an organization that got
+    -- a job get its next turn ticket (tickets strictly increase, in the order the organizations
+    -- were served, so claims within one millisecond do not tie; they stay near the store's
+    -- clock in 1/4096 ms, so a new organization's ticket 0 sorts first; one that got nothing
+    -- keeps its ticket). Every locked lane's head moves to its first in_order job of its type
+    -- still pending (none: past the organization's last job), and its next_run_at becomes its
+    -- earliest pending run_at (NULL: nothing pending); it stays in the turn while that has
+    -- come. A head never passes a job still being enqueued: enqueues into one organization
+    -- commit in seq order (their enqueue locks, migration 0001), so every seq below one this
     -- statement sees is visible to it too.
     RETURN QUERY
     WITH l AS (
-        SELECT u.org, lim / nl + (u.n <= lim % nl)::int AS share, u.n - 1 AS i, heads[u.n] AS head
-        FROM unnest(lanes) WITH ORDINALITY AS u(org, n)
+        SELECT u.org, u.type, lim / nl + (u.r <= lim % nl)::int AS share, u.r - 1 AS i,
+               u.n, u.head
+        FROM unnest(lanes, ltypes, heads, ranks) WITH ORDINALITY AS u(org, type, head, r, n)
     ),
     a AS (
         SELECT j.seq, j.run_at, l.org, l.i, l.share FROM l CROSS JOIN LATERAL (
             SELECT g.seq, g.run_at FROM gnl_jobs g
             WHERE g.org = l.org AND g.seq >= l.head AND g.state = 'pending' AND g.in_order
-              AND g.run_at <= now_ms
+              AND g.type = l.type AND g.run_at <= now_ms
             ORDER BY g.seq LIMIT l.share
             FOR UPDATE SKIP LOCKED) j
     ),
     b AS (
         SELECT j.seq, j.run_at, l.org, l.i, l.share FROM l CROSS JOIN LATERAL (
             SELECT g.seq, g.run_at FROM gnl_jobs g
-            WHERE g.org = l.org AND g.state = 'pending' AND NOT g.in_order
+            WHERE g.org = l.org AND g.type = l.type AND g.state = 'pending' AND NOT g.in_order
               AND g.run_at <= now_ms
             ORDER BY g.run_at, g.seq LIMIT l.share
             FOR UPDATE SKIP LOCKED) j
@@ -250,18 +273,19 @@ BEGIN
         SELECT ARRAY(SELECT p.seq FROM p) AS taken
     ),
     h AS (
-        -- Per lane: the first in_order job still pending, else the seq after its last job.
-        SELECT l.i, f.run_at,
+        -- Per lane: the first in_order job of its type still pending, else the seq after the
+        -- organization's last job.
+        SELECT l.n, f.run_at,
                coalesce(f.seq, (SELECT max(g.seq) + 1 FROM gnl_jobs g WHERE g.org = l.org), l.head)
                    AS head,
                (SELECT g.run_at FROM gnl_jobs g
-                WHERE g.org = l.org AND g.state = 'pending' AND NOT g.in_order
+                WHERE g.org = l.org AND g.type = l.type AND g.state = 'pending' AND NOT g.in_order
                   AND g.seq <> ALL (t.taken)
                 ORDER BY g.run_at LIMIT 1) AS later
         FROM l CROSS JOIN t LEFT JOIN LATERAL (
             SELECT g.seq, g.run_at FROM gnl_jobs g
             WHERE g.org = l.org AND g.seq >= l.head AND g.state = 'pending' AND g.in_order
-              AND g.seq <> ALL (t.taken)
+              AND g.type = l.type AND g.seq <> ALL (t.taken)
             ORDER BY g.seq LIMIT 1) f ON true
     ),
     s AS (
@@ -272,8 +296,8 @@ BEGIN
             head = h.head,
             next_run_at = least(h.run_at, h.later),
             due = coalesce(least(h.run_at, h.later) <= now_ms, false)
-        FROM l JOIN h ON h.i = l.i LEFT JOIN k ON k.i = l.i
-        WHERE x.org = ANY (lanes) AND x.org = l.org
+        FROM l JOIN h ON h.n = l.n LEFT JOIN k ON k.i = l.i
+        WHERE x.org = l.org AND x.type = l.type
     )
     SELECT c.seq, c.lease_token, c.org, c.id, c.type, c.payload, c.attempts, c.run_at
     FROM c ORDER BY c.i, c.run_at, c.seq;

@@ -380,6 +380,8 @@ impl NativeStore {
 #[pyclass(module = "gnl._native")]
 pub struct NativeWorker {
     core: Option<WorkerCore>,
+    /// The job types it has handlers for (the only ones it claims).
+    types: Vec<String>,
 }
 
 impl NativeWorker {
@@ -393,7 +395,8 @@ impl NativeWorker {
     /// `on_revoke(seq, token, why)` is scheduled on `loop` with `call_soon_threadsafe`;
     /// `on_log(message)` is called from a native thread.
     #[new]
-    #[pyo3(signature = (store, owner, ttl_ms, max_attempts, on_revoke, on_log, event_loop))]
+    #[pyo3(signature = (store, owner, ttl_ms, max_attempts, on_revoke, on_log, event_loop, types))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         store: &NativeStore,
         owner: String,
@@ -402,6 +405,7 @@ impl NativeWorker {
         on_revoke: Py<PyAny>,
         on_log: Py<PyAny>,
         event_loop: Py<PyAny>,
+        types: Vec<String>,
     ) -> PyResult<Self> {
         crate::validate::duration_ms("ttl_ms", ttl_ms, 3).map_err(to_py)?;
         crate::validate::count("max_attempts", max_attempts, 1).map_err(to_py)?;
@@ -427,9 +431,11 @@ impl NativeWorker {
             limit: 0,
             ttl_ms,
             max_attempts,
+            types: types.clone(),
             probe: true,
         };
         Ok(NativeWorker {
+            types,
             core: Some(WorkerCore::start(
                 &rt,
                 store.inner.clone(),
@@ -514,10 +520,11 @@ impl NativeWorker {
         Ok(())
     }
 
-    /// Whether some job may be due (see `Store::has_due`).
+    /// Whether some job of the worker's types may be due (see `Store::has_due`).
     fn has_due<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let store = self.core()?.store();
-        spawn(py, async move { store.has_due().await })
+        let types = self.types.clone();
+        spawn(py, async move { store.has_due(&types).await })
     }
 
     fn flush<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {

@@ -57,6 +57,40 @@ impl ReclaimThrottle {
     }
 }
 
+/// `?,?,…`: `n` anonymous SQL parameters.
+pub(crate) fn marks(n: usize) -> String {
+    let mut m = String::with_capacity(2 * n);
+    for i in 0..n {
+        m.push_str(if i == 0 { "?" } else { ",?" });
+    }
+    m
+}
+
+/// A lane pick's organizations in turn (at most `limit`), each with the types of its lanes
+/// that were read, from rows of (org, type, served_at) read per type, each type's first
+/// `limit` rows in (served_at, org) order: the first `limit` organizations in that order over
+/// every type, by their earliest row. A claim writes an organization's new ticket on every
+/// lane of it that it read (its due lanes of the claim's types), and a new lane takes the
+/// organization's newest ticket, so for a worker's types an organization's due lanes share
+/// one ticket, and each type's first `limit` rows hold every due lane of those organizations.
+pub(crate) fn orgs_in_turn<O: Ord + Clone, T: Ord>(
+    mut rows: Vec<(O, T, i64)>,
+    limit: usize,
+) -> Vec<(O, Vec<T>)> {
+    rows.sort_by(|a, b| (a.2, &a.0, &a.1).cmp(&(b.2, &b.0, &b.1)));
+    let mut at: std::collections::BTreeMap<O, usize> = Default::default();
+    let mut out: Vec<(O, Vec<T>)> = vec![];
+    for (org, typ, _) in rows {
+        if let Some(&i) = at.get(&org) {
+            out[i].1.push(typ);
+        } else if out.len() < limit {
+            at.insert(org.clone(), out.len());
+            out.push((org, vec![typ]));
+        }
+    }
+    out
+}
+
 /// What the queue asks of a database. All instants are the store's clock (epoch ms).
 #[async_trait]
 pub trait QueueStore: Send + Sync {
@@ -103,9 +137,10 @@ pub trait QueueStore: Send + Sync {
     /// Extend leases by `ttl_ms`; one status per lease, in order.
     async fn renew(&self, leases: &[LeaseRef], ttl_ms: i64) -> Result<Vec<RenewStatus>>;
 
-    /// Whether some lane may have a due job (its next-due bound has passed). A claim that came
-    /// back empty while this is true met lanes that concurrent claims held.
-    async fn has_due(&self) -> Result<bool>;
+    /// Whether some lane of one of `types` may have a due job (its next-due bound has passed).
+    /// A claim for `types` that came back empty while this is true met lanes that concurrent
+    /// claims held.
+    async fn has_due(&self, types: &[String]) -> Result<bool>;
 
     async fn get_job(&self, org: &str, id: &str) -> Result<Option<JobRow>>;
     /// At least the highest committed job seq (0 when none was ever written): a listing's

@@ -12,71 +12,82 @@ use sqlx::Row;
 use super::{is_syntax_error, opt_text, plan, text, MysqlStore, Sql};
 use crate::error::{Error, Result};
 use crate::model::*;
-use crate::store::queue::JOB_COLS;
+use crate::store::queue::{marks, orgs_in_turn, JOB_COLS};
 use crate::store::QueueStore;
 
 /// The most jobs one claim takes.
 const MAX_CLAIM: usize = 10_000;
 
-/// Whether some lane has a due job: a lane in the turn, or a waiting lane whose next_run_at has
-/// come; two index end reads. MIN() skips NULLs; with `WHERE wait_at IS NOT NULL` MariaDB read
-/// the index as a range instead (45 ms at 100,000 lanes with jobs due later).
-macro_rules! some_due {
-    () => {
+/// Whether a lane of one of `types` has a due job: a lane in the turn, or a waiting lane whose
+/// next_run_at has come (parameters: the types, the types). Index seeks, two per type, whatever
+/// the number of lanes.
+fn some_due(types: usize) -> String {
+    let m = marks(types);
+    format!(
+        "CAST(EXISTS (SELECT 1 FROM gnl_lanes FORCE INDEX (gnl_lanes_turn) \
+           WHERE type IN ({m}) AND due_turn IS NOT NULL) \
+         OR EXISTS (SELECT 1 FROM gnl_lanes FORCE INDEX (gnl_lanes_next) \
+           WHERE type IN ({m}) AND wait_at <= {}) AS SIGNED)",
+        now_ms!()
+    )
+}
+
+/// The empty poll for `types` (parameters: the types, the types): one read, index seeks only,
+/// whatever the number of lanes.
+pub(super) fn precheck(types: usize) -> String {
+    format!(
         concat!(
-            "CAST((SELECT MIN(due_turn) FROM gnl_lanes) IS NOT NULL \
-             OR COALESCE((SELECT MIN(wait_at) FROM gnl_lanes) <= ",
+            "SELECT {}, CAST(COALESCE((SELECT MIN(lease_expires_at) FROM gnl_jobs \
+             WHERE state = 'running') < ",
             now_ms!(),
             ", 0) AS SIGNED)"
-        )
-    };
+        ),
+        some_due(types)
+    )
 }
 
-/// The empty poll: one read, three index ends (MIN over an index), whatever the number of lanes.
-pub(super) const PRECHECK: &str = concat!(
-    "SELECT ",
-    some_due!(),
-    ", CAST(COALESCE((SELECT MIN(lease_expires_at) FROM gnl_jobs WHERE state = 'running') < ",
-    now_ms!(),
-    ", 0) AS SIGNED)"
-);
-
-/// Whether some lane has a due job.
-pub(super) const HAS_DUE: &str = concat!("SELECT ", some_due!());
-
-/// The lane pick (`?`: how many), locked (busy lanes are skipped): the lanes in the turn that
-/// waited longest, from the turn index (lanes whose jobs are all due later are not in it), and
-/// the waiting lanes whose next_run_at has come (they join the turn with the tickets they had).
-/// Rows: org, served_at, whether the lane was waiting. One statement, or its two parts on a
-/// server that refuses locking clauses inside a union.
-macro_rules! claim_lanes_turn {
-    () => {
-        "SELECT org, served_at, CAST(0 AS SIGNED) FROM gnl_lanes FORCE INDEX (gnl_lanes_turn) \
-         WHERE due_turn IS NOT NULL ORDER BY due_turn, org LIMIT ? FOR UPDATE SKIP LOCKED"
-    };
+/// Whether a lane of one of `types` has a due job (parameters: the types, the types).
+pub(super) fn has_due_sql(types: usize) -> String {
+    format!("SELECT {}", some_due(types))
 }
-macro_rules! claim_lanes_waiting {
-    () => {
-        concat!(
-            "SELECT org, served_at, CAST(1 AS SIGNED) FROM gnl_lanes FORCE INDEX (gnl_lanes_next) \
-             WHERE wait_at <= ",
-            now_ms!(),
-            " FOR UPDATE SKIP LOCKED"
-        )
-    };
+
+/// The lane pick's part for one type (parameters: the type, how many): its lanes in the turn
+/// that waited longest, from the turn index (lanes whose jobs are all due later are not in
+/// it), locked (busy lanes are skipped). Rows: org, type, served_at, 0.
+const CLAIM_LANES_TURN: &str = "SELECT org, type, served_at, CAST(0 AS SIGNED) FROM gnl_lanes \
+     FORCE INDEX (gnl_lanes_turn) WHERE type = ? AND due_turn IS NOT NULL \
+     ORDER BY due_turn, org LIMIT ? FOR UPDATE SKIP LOCKED";
+
+/// The lane pick's part for the waiting lanes of `types` whose next_run_at has come (they join
+/// the turn with the tickets they had; parameters: the types), locked. Rows: org, type,
+/// served_at, 1.
+fn claim_lanes_waiting(types: usize) -> String {
+    format!(
+        "SELECT org, type, served_at, CAST(1 AS SIGNED) FROM gnl_lanes FORCE INDEX (gnl_lanes_next) \
+         WHERE type IN ({}) AND wait_at <= {} FOR UPDATE SKIP LOCKED",
+        marks(types),
+        now_ms!()
+    )
 }
-pub(super) const CLAIM_LANES: &str = concat!(
-    "(",
-    claim_lanes_turn!(),
-    ") UNION ALL (",
-    claim_lanes_waiting!(),
-    ")"
-);
+
+/// The whole lane pick for `types`, one statement: each type's part, then the waiting lanes.
+pub(super) fn claim_lanes(types: usize) -> String {
+    let mut sql = String::new();
+    for _ in 0..types {
+        sql.push('(');
+        sql.push_str(CLAIM_LANES_TURN);
+        sql.push_str(") UNION ALL ");
+    }
+    sql.push('(');
+    sql.push_str(&claim_lanes_waiting(types));
+    sql.push(')');
+    sql
+}
 
 pub(super) const CLAIM_JOBS_PART: &str = concat!(
     "SELECT seq, lease_token, org, id, type, payload, attempts, run_at \
      FROM gnl_jobs FORCE INDEX (gnl_jobs_due) \
-     WHERE org = ? AND state = 'pending' AND run_at <= ",
+     WHERE org = ? AND state = 'pending' AND type = ? AND run_at <= ",
     now_ms!(),
     " ORDER BY run_at, seq LIMIT ? FOR UPDATE SKIP LOCKED"
 );
@@ -267,15 +278,15 @@ impl MysqlStore {
         Ok(())
     }
 
-    /// Lower the lanes of the jobs in `seqs` that are pending (lanes in org order). The jobs
-    /// are read with a plain SELECT: MySQL's INSERT … SELECT and UPDATE … (SELECT) lock the rows
-    /// they read, and a claimer must never wait on a row another transaction holds.
+    /// Lower the lanes of the jobs in `seqs` that are pending (lanes in (org, type) order). The
+    /// jobs are read with a plain SELECT: MySQL's INSERT … SELECT and UPDATE … (SELECT) lock the
+    /// rows they read, and a claimer must never wait on a row another transaction holds.
     async fn lanes_due(&self, tx: &mut MySqlConnection, seqs: &[i64]) -> Result<()> {
-        let mut lanes: BTreeMap<Vec<u8>, i64> = BTreeMap::new();
+        let mut lanes: BTreeMap<(Vec<u8>, Vec<u8>), i64> = BTreeMap::new();
         for r in plan(seqs.len(), 1, self.budget, |_| 8) {
             let part = &seqs[r];
             let mut q = Sql::new(
-                "SELECT org, MIN(run_at) FROM gnl_jobs FORCE INDEX (PRIMARY) \
+                "SELECT org, type, MIN(run_at) FROM gnl_jobs FORCE INDEX (PRIMARY) \
                  WHERE state = 'pending' AND seq IN (",
             );
             q.rows = part.len();
@@ -283,28 +294,51 @@ impl MysqlStore {
                 q.s(if i == 0 { "?" } else { ",?" });
                 q.bind(*s)?;
             }
-            q.s(") GROUP BY org");
+            q.s(") GROUP BY org, type");
             self.counted(1);
             for row in q.fetch_all(&mut *tx).await? {
                 let org: Vec<u8> = row.try_get_unchecked(0)?;
-                let run_at: i64 = row.get(1);
-                let e = lanes.entry(org).or_insert(run_at);
+                let typ: Vec<u8> = row.try_get_unchecked(1)?;
+                let run_at: i64 = row.get(2);
+                let e = lanes.entry((org, typ)).or_insert(run_at);
                 *e = (*e).min(run_at);
             }
         }
-        let lanes: Vec<(Vec<u8>, i64)> = lanes.into_iter().collect();
+        let lanes: Vec<(Vec<u8>, Vec<u8>, Option<i64>)> = lanes
+            .into_iter()
+            .map(|((o, t), at)| (o, t, Some(at)))
+            .collect();
         self.lower_lanes(tx, &lanes).await
     }
 
-    /// Lower (or create) lanes' `next_run_at` bounds, in org order.
-    async fn lower_lanes(&self, tx: &mut MySqlConnection, lanes: &[(Vec<u8>, i64)]) -> Result<()> {
-        for r in plan(lanes.len(), 2, self.budget, |i| lanes[i].0.len() + 8) {
-            let mut q = Sql::new("INSERT INTO gnl_lanes (org, next_run_at, served_at) VALUES ");
+    /// Lower (or create) lanes' `next_run_at` bounds (None: create only, or lock), in (org,
+    /// type) order. A new lane takes its organization's turn ticket (a consistent read: no
+    /// lock on the organization's other lanes).
+    async fn lower_lanes(
+        &self,
+        tx: &mut MySqlConnection,
+        lanes: &[(Vec<u8>, Vec<u8>, Option<i64>)],
+    ) -> Result<()> {
+        for r in plan(lanes.len(), 3, self.budget, |i| {
+            lanes[i].0.len() + lanes[i].1.len() + 8
+        }) {
+            let mut q = Sql::new(
+                "INSERT INTO gnl_lanes (org, type, next_run_at, served_at) \
+                 SELECT v.org, v.type, v.at, \
+                   COALESCE((SELECT MAX(l.served_at) FROM gnl_lanes l WHERE l.org = v.org), 0) FROM (",
+            );
             q.rows = r.len();
             for (k, i) in r.enumerate() {
-                q.s(if k == 0 { "(?,?,0)" } else { ",(?,?,0)" });
-                q.bind(lanes[i].0.as_slice())?.bind(lanes[i].1)?;
+                q.s(if k == 0 {
+                    "SELECT CAST(? AS BINARY) AS org, CAST(? AS BINARY) AS type, CAST(? AS SIGNED) AS at"
+                } else {
+                    " UNION ALL SELECT CAST(? AS BINARY), CAST(? AS BINARY), CAST(? AS SIGNED)"
+                });
+                q.bind(lanes[i].0.as_slice())?
+                    .bind(lanes[i].1.as_slice())?
+                    .bind(lanes[i].2)?;
             }
+            q.s(") v");
             q.s(LANE_LOWER);
             self.counted(1);
             q.execute(&mut *tx).await?;
@@ -322,20 +356,26 @@ impl MysqlStore {
         self.union_locks.store(false, Ordering::Relaxed);
     }
 
-    /// The lane pick (`CLAIM_LANES`), locked: one statement, or its two parts on a server that
-    /// refuses locking clauses inside a union.
+    /// The lane pick for `types` (`claim_lanes`), locked: one statement, or its parts on a
+    /// server that refuses locking clauses inside a union. Rows: org, type, served_at,
+    /// whether the lane was waiting.
     async fn pick_lanes(
         &self,
         tx: &mut MySqlConnection,
+        types: &[String],
         limit: usize,
-    ) -> Result<Vec<(Vec<u8>, i64, i64)>> {
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>, i64, i64)>> {
         if self.union_locks.load(Ordering::Relaxed) {
+            let sql = claim_lanes(types.len());
+            let mut q = sqlx::query_as(&sql);
+            for t in types {
+                q = q.bind(t.as_bytes()).bind(limit as i64);
+            }
+            for t in types {
+                q = q.bind(t.as_bytes());
+            }
             self.counted(1);
-            match sqlx::query_as(CLAIM_LANES)
-                .bind(limit as i64)
-                .fetch_all(&mut *tx)
-                .await
-            {
+            match q.fetch_all(&mut *tx).await {
                 Ok(rows) => return Ok(rows),
                 Err(sqlx::Error::Database(db)) if is_syntax_error(db.as_ref()) => {
                     self.refuse_union_locks(db.message());
@@ -343,35 +383,44 @@ impl MysqlStore {
                 Err(e) => return Err(e.into()),
             }
         }
-        self.counted(2);
-        let mut rows: Vec<(Vec<u8>, i64, i64)> = sqlx::query_as(claim_lanes_turn!())
-            .bind(limit as i64)
-            .fetch_all(&mut *tx)
-            .await?;
-        rows.extend(
-            sqlx::query_as(claim_lanes_waiting!())
-                .fetch_all(&mut *tx)
-                .await?,
-        );
+        let mut rows: Vec<(Vec<u8>, Vec<u8>, i64, i64)> = vec![];
+        for t in types {
+            self.counted(1);
+            rows.extend(
+                sqlx::query_as(CLAIM_LANES_TURN)
+                    .bind(t.as_bytes())
+                    .bind(limit as i64)
+                    .fetch_all(&mut *tx)
+                    .await?,
+            );
+        }
+        let sql = claim_lanes_waiting(types.len());
+        let mut q = sqlx::query_as(&sql);
+        for t in types {
+            q = q.bind(t.as_bytes());
+        }
+        self.counted(1);
+        rows.extend(q.fetch_all(&mut *tx).await?);
         Ok(rows)
     }
 
-    /// Each lane's oldest due jobs, locked: one statement (UNION ALL), or one per lane on a
-    /// server that refuses locking clauses inside a union.
+    /// Each lane's oldest due jobs, locked (`lanes`: organization, type, at most how many):
+    /// one statement (UNION ALL), or one per lane on a server that refuses locking clauses
+    /// inside a union.
     async fn pick_jobs(
         &self,
         tx: &mut MySqlConnection,
-        lanes: &[(Vec<u8>, i64)],
+        lanes: &[(&[u8], &[u8], i64)],
     ) -> Result<Vec<MySqlRow>> {
         if lanes.len() > 1 && self.union_locks.load(Ordering::Relaxed) {
             let mut q = Sql::new("");
             q.rows = lanes.len();
-            for (i, (org, share)) in lanes.iter().enumerate() {
+            for (i, (org, typ, share)) in lanes.iter().enumerate() {
                 if i > 0 {
                     q.s(" UNION ALL ");
                 }
                 q.s("(").s(CLAIM_JOBS_PART).s(")");
-                q.bind(org.as_slice())?.bind(*share)?;
+                q.bind(*org)?.bind(*typ)?.bind(*share)?;
             }
             self.counted(1);
             match q.fetch_all(&mut *tx).await {
@@ -383,11 +432,12 @@ impl MysqlStore {
             }
         }
         let mut rows = vec![];
-        for (org, share) in lanes {
+        for (org, typ, share) in lanes {
             self.counted(1);
             rows.extend(
                 sqlx::query(CLAIM_JOBS_PART)
-                    .bind(org.as_slice())
+                    .bind(*org)
+                    .bind(*typ)
                     .bind(*share)
                     .fetch_all(&mut *tx)
                     .await?,
@@ -443,14 +493,30 @@ impl QueueStore for MysqlStore {
             self.counted(1);
             q.execute(&mut *tx).await?;
         }
-        // Each organization's turn is taken once per call; lanes in org order.
-        let lanes: Vec<(Vec<u8>, i64)> = summary
-            .iter()
-            .map(|(o, l)| (o.as_bytes().to_vec(), l.earliest(now)))
+        // Each lane's bound is lowered once per call, lanes in (org, type) order; an
+        // organization with a max_depth also takes its lock row (type '').
+        let mut lanes: Vec<(Vec<u8>, Vec<u8>, Option<i64>)> = jobs
+            .type_lanes()
+            .into_iter()
+            .map(|(o, t, l)| {
+                (
+                    o.as_bytes().to_vec(),
+                    t.as_bytes().to_vec(),
+                    Some(l.earliest(now)),
+                )
+            })
             .collect();
+        lanes.extend(
+            summary
+                .iter()
+                .filter(|(_, l)| l.max_depth.is_some())
+                .map(|(o, _)| (o.as_bytes().to_vec(), vec![], None)),
+        );
+        lanes.sort();
         self.lower_lanes(&mut tx, &lanes).await?;
-        // The depth check runs after the lanes above are written (and so locked): an enqueue
-        // into the same organization waits for this transaction, and this read sees every one
+        // The depth check runs after the lanes above are written (and so locked; the lock row
+        // whatever the jobs' types): an enqueue with a max_depth into the same organization
+        // waits for this transaction, and this read sees every one
         // that committed before it, so the check is exact.
         let limits: BTreeMap<&str, i64> = summary
             .iter()
@@ -502,7 +568,12 @@ impl QueueStore for MysqlStore {
         if finished.is_empty() && req.probe {
             // The empty poll: one read, whatever the number of lanes (both are index seeks).
             self.counted(1);
-            let (due, expired): (i64, i64) = sqlx::query_as(PRECHECK).fetch_one(&self.pool).await?;
+            let sql = precheck(req.types.len());
+            let mut q = sqlx::query_as(&sql);
+            for t in req.types.iter().chain(&req.types) {
+                q = q.bind(t.as_bytes());
+            }
+            let (due, expired): (i64, i64) = q.fetch_one(&self.pool).await?;
             if due == 0 && expired == 0 {
                 return Ok(vec![]);
             }
@@ -526,45 +597,52 @@ impl QueueStore for MysqlStore {
         // At most MAX_CLAIM jobs a call: every statement below then stays under the
         // placeholder limit (four per lane).
         let limit = req.limit.min(MAX_CLAIM);
-        if limit > 0 {
-            let mut picked = self.pick_lanes(&mut tx, limit).await?;
-            let waiting: Vec<&[u8]> = picked
+        if limit > 0 && !req.types.is_empty() {
+            let picked = self.pick_lanes(&mut tx, &req.types, limit).await?;
+            // Waiting lanes whose next_run_at has come join the turn (all of them, with the
+            // tickets they had; the pick holds their locks).
+            let waiting: Vec<(&[u8], &[u8])> = picked
                 .iter()
-                .filter(|l| l.2 != 0)
-                .map(|l| l.0.as_slice())
+                .filter(|l| l.3 != 0)
+                .map(|l| (l.0.as_slice(), l.1.as_slice()))
                 .collect();
             for part in waiting.chunks(MAX_CLAIM) {
-                let mut q = Sql::new("UPDATE gnl_lanes SET due = 1 WHERE org IN (");
+                let mut q = Sql::new("UPDATE gnl_lanes SET due = 1 WHERE (org, type) IN (");
                 q.rows = part.len();
-                for (i, org) in part.iter().enumerate() {
-                    q.s(if i == 0 { "?" } else { ",?" });
-                    q.bind(*org)?;
+                for (i, (org, typ)) in part.iter().enumerate() {
+                    q.s(if i == 0 { "(?,?)" } else { ",(?,?)" });
+                    q.bind(*org)?.bind(*typ)?;
                 }
                 q.s(")");
                 self.counted(1);
                 q.execute(&mut *tx).await?;
             }
-            picked.sort_by(|a, b| (a.1, &a.0).cmp(&(b.1, &b.0)));
-            let lanes: Vec<Vec<u8>> = picked.into_iter().take(limit).map(|l| l.0).collect();
-            if !lanes.is_empty() {
-                // Lanes in turn: each gets an equal share of the batch, the first ones the rest.
-                let n = lanes.len();
-                let shared: Vec<(Vec<u8>, i64)> = lanes
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, o)| (o, (limit / n + usize::from(i < limit % n)) as i64))
-                    .collect();
-                let turn: BTreeMap<Vec<u8>, usize> = shared
+            let orgs = orgs_in_turn(picked.into_iter().map(|l| (l.0, l.1, l.2)).collect(), limit);
+            if !orgs.is_empty() {
+                // Organizations in turn: each gets an equal share of the batch, the first ones
+                // the rest; an organization's share goes to its earliest due jobs of its lanes
+                // (each lane read for at most the share).
+                let n = orgs.len();
+                let share = |i: usize| (limit / n + usize::from(i < limit % n)) as i64;
+                let lanes: Vec<(&[u8], &[u8], i64)> = orgs
                     .iter()
                     .enumerate()
-                    .map(|(i, (o, _))| (o.clone(), i))
+                    .flat_map(|(i, (o, ts))| {
+                        ts.iter()
+                            .map(move |t| (o.as_slice(), t.as_slice(), share(i)))
+                    })
                     .collect();
-                let rows = self.pick_jobs(&mut tx, &shared).await?;
+                let turn: BTreeMap<&[u8], usize> = orgs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, (o, _))| (o.as_slice(), i))
+                    .collect();
+                let rows = self.pick_jobs(&mut tx, &lanes).await?;
                 let mut picked: Vec<(usize, ClaimedJob)> = rows
                     .iter()
                     .map(|r| {
                         let org_b: Vec<u8> = r.try_get_unchecked(2).unwrap_or_default();
-                        let lane = turn.get(&org_b).copied().unwrap_or(usize::MAX);
+                        let lane = turn.get(org_b.as_slice()).copied().unwrap_or(usize::MAX);
                         (
                             lane,
                             ClaimedJob {
@@ -582,15 +660,15 @@ impl QueueStore for MysqlStore {
                     })
                     .collect();
                 picked.sort_by_key(|(lane, j)| (*lane, j.run_at, j.seq));
-                let served: Vec<bool> = {
-                    let mut s = vec![false; n];
-                    for (lane, _) in &picked {
-                        if let Some(x) = s.get_mut(*lane) {
-                            *x = true;
-                        }
-                    }
-                    s
-                };
+                // An organization with lanes of several types: its share of the earliest.
+                let mut taken = vec![0i64; n];
+                picked.retain(|(lane, _)| {
+                    taken.get_mut(*lane).is_some_and(|t| {
+                        *t += 1;
+                        *t <= share(*lane)
+                    })
+                });
+                let served: Vec<bool> = taken.iter().map(|t| *t > 0).collect();
                 if !picked.is_empty() {
                     let mut q = Sql::new(concat!(
                         "UPDATE gnl_jobs FORCE INDEX (PRIMARY) SET state = 'running', attempts = attempts + 1, \
@@ -617,60 +695,72 @@ impl QueueStore for MysqlStore {
                 // before it; a job committed later lowers its lane's bound itself, after this
                 // transaction (it waits for the lane row). Tickets strictly increase (claims
                 // within one millisecond do not tie) and stay near the store's clock (in
-                // 1/4096 ms), so a new lane's ticket 0 sorts first.
+                // 1/4096 ms), so a new organization's ticket 0 sorts first.
                 let mut q = Sql::new(concat!(
-                    "SELECT x.org, (SELECT j.run_at FROM gnl_jobs j FORCE INDEX (gnl_jobs_due) \
-                     WHERE j.org = x.org AND j.state = 'pending' ORDER BY j.run_at LIMIT 1), \
+                    "SELECT x.org, x.type, (SELECT j.run_at FROM gnl_jobs j FORCE INDEX (gnl_jobs_due) \
+                     WHERE j.org = x.org AND j.state = 'pending' AND j.type = x.type \
+                     ORDER BY j.run_at LIMIT 1), \
                      CAST(GREATEST(",
                     now_ms!(),
                     " * 4096, COALESCE((SELECT MAX(served_at) FROM gnl_lanes), 0) + 1) AS SIGNED) \
                      FROM ("
                 ));
-                q.rows = n;
-                for (i, (org, _)) in shared.iter().enumerate() {
+                q.rows = lanes.len();
+                for (i, (org, typ, _)) in lanes.iter().enumerate() {
                     q.s(if i == 0 {
-                        "SELECT CAST(? AS BINARY) AS org"
+                        "SELECT CAST(? AS BINARY) AS org, CAST(? AS BINARY) AS type"
                     } else {
-                        " UNION ALL SELECT CAST(? AS BINARY)"
+                        " UNION ALL SELECT CAST(? AS BINARY), CAST(? AS BINARY)"
                     });
-                    q.bind(org.as_slice())?;
+                    q.bind(*org)?.bind(*typ)?;
                 }
                 q.s(") x");
                 self.counted(1);
                 let mut base = 0i64;
-                let next: BTreeMap<Vec<u8>, Option<i64>> = q
+                let next: BTreeMap<(Vec<u8>, Vec<u8>), Option<i64>> = q
                     .fetch_all(&mut *tx)
                     .await?
                     .iter()
                     .map(|r| {
-                        base = r.get(2);
+                        base = r.get(3);
                         let org: Vec<u8> = r.try_get_unchecked(0).unwrap_or_default();
-                        (org, r.get::<Option<i64>, _>(1))
+                        let typ: Vec<u8> = r.try_get_unchecked(1).unwrap_or_default();
+                        ((org, typ), r.get::<Option<i64>, _>(2))
                     })
                     .collect();
-                // Then the served lanes' tickets, in the order they were served, and every
-                // looked-at lane's bound.
+                // Then the served organizations' tickets (on every lane of theirs the claim
+                // holds), in the order they were served, and every looked-at lane's bound.
+                let tickets: Vec<Option<i64>> = {
+                    let mut rank = 0i64;
+                    served
+                        .iter()
+                        .map(|s| {
+                            s.then(|| {
+                                rank += 1;
+                                base + rank - 1
+                            })
+                        })
+                        .collect()
+                };
                 let mut q = Sql::new("UPDATE (");
-                q.rows = n;
-                let mut rank = 0i64;
-                for (i, (org, _)) in shared.iter().enumerate() {
+                q.rows = lanes.len();
+                for (i, (org, typ, _)) in lanes.iter().enumerate() {
                     q.s(if i == 0 {
-                        "SELECT CAST(? AS BINARY) AS org, CAST(? AS SIGNED) AS ticket, \
-                         CAST(? AS SIGNED) AS next_run_at"
+                        "SELECT CAST(? AS BINARY) AS org, CAST(? AS BINARY) AS type, \
+                         CAST(? AS SIGNED) AS ticket, CAST(? AS SIGNED) AS next_run_at"
                     } else {
-                        " UNION ALL SELECT CAST(? AS BINARY), CAST(? AS SIGNED), CAST(? AS SIGNED)"
+                        " UNION ALL SELECT CAST(? AS BINARY), CAST(? AS BINARY), CAST(? AS SIGNED), \
+                         CAST(? AS SIGNED)"
                     });
-                    let ticket = served[i].then(|| {
-                        rank += 1;
-                        base + rank - 1
-                    });
-                    q.bind(org.as_slice())?
+                    let ticket = turn.get(org).and_then(|k| tickets[*k]);
+                    q.bind(*org)?
+                        .bind(*typ)?
                         .bind(ticket)?
-                        .bind(next.get(org).copied().flatten())?;
+                        .bind(next.get(&(org.to_vec(), typ.to_vec())).copied().flatten())?;
                 }
                 // A lane stays in the turn while its earliest pending job is due.
                 q.s(concat!(
-                    ") x STRAIGHT_JOIN gnl_lanes l FORCE INDEX (PRIMARY) ON l.org = x.org SET \
+                    ") x STRAIGHT_JOIN gnl_lanes l FORCE INDEX (PRIMARY) ON l.org = x.org AND l.type = x.type SET \
                      l.served_at = COALESCE(x.ticket, l.served_at), l.next_run_at = x.next_run_at, \
                      l.due = COALESCE(x.next_run_at <= ",
                     now_ms!(),
@@ -772,9 +862,17 @@ impl QueueStore for MysqlStore {
         Ok(row.as_ref().map(job_row))
     }
 
-    async fn has_due(&self) -> Result<bool> {
+    async fn has_due(&self, types: &[String]) -> Result<bool> {
+        if types.is_empty() {
+            return Ok(false);
+        }
+        let sql = has_due_sql(types.len());
+        let mut q = sqlx::query_scalar(&sql);
+        for t in types.iter().chain(types) {
+            q = q.bind(t.as_bytes());
+        }
         self.counted(1);
-        let due: i64 = sqlx::query_scalar(HAS_DUE).fetch_one(&self.pool).await?;
+        let due: i64 = q.fetch_one(&self.pool).await?;
         Ok(due != 0)
     }
 
@@ -847,13 +945,20 @@ impl QueueStore for MysqlStore {
         .rows_affected();
         if n > 0 {
             self.counted(1);
-            sqlx::query(&format!(
-                "INSERT INTO gnl_lanes (org, next_run_at, served_at) VALUES (?, {}, 0){LANE_LOWER}",
-                now_ms!()
-            ))
+            let typ: Vec<u8> = sqlx::query_scalar(
+                "SELECT type FROM gnl_jobs WHERE org = ? AND id_key = UNHEX(SHA2(?, 256)) AND id = ?",
+            )
             .bind(org.as_bytes())
-            .execute(&mut *tx)
+            .bind(id.as_bytes())
+            .bind(id.as_bytes())
+            .fetch_one(&mut *tx)
             .await?;
+            self.counted(1);
+            let now: i64 = sqlx::query_scalar(concat!("SELECT ", now_ms!()))
+                .fetch_one(&mut *tx)
+                .await?;
+            self.lower_lanes(&mut tx, &[(org.as_bytes().to_vec(), typ, Some(now))])
+                .await?;
         }
         self.commit(tx).await?;
         Ok(n > 0)

@@ -32,20 +32,23 @@ const COPY_JOBS: &str =
 /// SQLSTATE unique_violation.
 const UNIQUE_VIOLATION: &str = "23505";
 
-/// Whether some lane has a due job: a lane in the turn, or a waiting lane whose next_run_at
-/// has come (two index ends, whatever the number of lanes).
+/// Whether a lane of one of the job types $1 has a due job: a lane in the turn, or a waiting
+/// lane whose next_run_at has come (index seeks, two per type, whatever the number of lanes).
 macro_rules! some_due {
     () => {
         concat!(
-            "(EXISTS (SELECT 1 FROM gnl_lanes WHERE due) OR coalesce(\
-             (SELECT min(next_run_at) FROM gnl_lanes WHERE NOT due AND next_run_at IS NOT NULL) <= ",
+            "(EXISTS (SELECT 1 FROM gnl_lanes WHERE due AND type = ANY ($1::text[])) OR coalesce(\
+              (SELECT min(w.m) FROM unnest($1::text[]) AS t(type) CROSS JOIN LATERAL \
+                 (SELECT min(next_run_at) AS m FROM gnl_lanes \
+                  WHERE NOT due AND type = t.type AND next_run_at IS NOT NULL) w) <= ",
             now_ms!(),
             ", false))"
         )
     };
 }
 
-/// The empty poll: one read, three index ends, whatever the number of lanes.
+/// The empty poll for the job types $1: one read, index seeks only (two per type and one),
+/// whatever the number of lanes.
 pub(super) const PRECHECK: &str = concat!(
     "SELECT ",
     some_due!(),
@@ -62,7 +65,7 @@ pub(super) const PRECHECK: &str = concat!(
 /// fresh snapshot, so the job claim (after the lane pick) sees every job committed before the
 /// lanes were locked (see the migration).
 const CLAIM: &str = "SELECT seq, lease_token, org, id, type, payload, attempts, run_at \
-     FROM gnl_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)";
+     FROM gnl_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)";
 
 /// The jobs of an enqueue from six arrays ($1 org, $2 id, $3 type, $4 payload, $5 run_at,
 /// $6 delay_ms); an id already present is skipped. A job due at the server's clock (no
@@ -137,12 +140,15 @@ macro_rules! enqueue_one {
              WHERE (SELECT * FROM lk) >= 0"
             ),
             "
-               RETURNING org, run_at
+               RETURNING org, type, seq, run_at
              ),
              ln AS (
-               INSERT INTO gnl_lanes (org, next_run_at, served_at)
-               SELECT org, min(run_at), 0 FROM ins GROUP BY org ORDER BY org
-               ON CONFLICT (org) DO UPDATE SET next_run_at = least(gnl_lanes.next_run_at, excluded.next_run_at)
+               INSERT INTO gnl_lanes (org, type, next_run_at, served_at, head)
+               SELECT i.org, i.type, min(i.run_at),
+                      coalesce((SELECT max(x.served_at) FROM gnl_lanes x WHERE x.org = i.org), 0),
+                      min(i.seq)
+               FROM ins i GROUP BY i.org, i.type ORDER BY i.org, i.type
+               ON CONFLICT (org, type) DO UPDATE SET next_run_at = least(gnl_lanes.next_run_at, excluded.next_run_at)
              )
              SELECT count(*) FROM ins"
         )
@@ -197,11 +203,17 @@ enum Feed<'a> {
     },
 }
 
-/// After a multi-statement enqueue wrote its jobs: the lanes ($1 orgs, $2 each one's earliest
-/// due instant).
-const ENQUEUE_LANES: &str = "INSERT INTO gnl_lanes (org, next_run_at, served_at)
-     SELECT u.o, u.a, 0 FROM unnest($1::text[], $2::bigint[]) AS u(o, a) ORDER BY u.o COLLATE \"C\"
-     ON CONFLICT (org) DO UPDATE SET next_run_at = least(gnl_lanes.next_run_at, excluded.next_run_at)";
+/// After a multi-statement enqueue wrote its jobs: the lanes ($1 orgs, $2 types, $3 each one's
+/// earliest due instant). A new lane takes its organization's turn ticket, and its highest
+/// head as its own (every job of this enqueue comes after it: the enqueue holds the
+/// organization's enqueue lock, and a head is never past the organization's last job + 1).
+const ENQUEUE_LANES: &str = "INSERT INTO gnl_lanes (org, type, next_run_at, served_at, head)
+     SELECT u.o, u.t, u.a,
+            coalesce((SELECT max(x.served_at) FROM gnl_lanes x WHERE x.org = u.o), 0),
+            coalesce((SELECT max(x.head) FROM gnl_lanes x WHERE x.org = u.o), 0)
+     FROM unnest($1::text[], $2::text[], $3::bigint[]) AS u(o, t, a)
+     ORDER BY u.o COLLATE \"C\", u.t COLLATE \"C\"
+     ON CONFLICT (org, type) DO UPDATE SET next_run_at = least(gnl_lanes.next_run_at, excluded.next_run_at)";
 
 /// The pending depth of each organization in $1: its in_order jobs from its head, and the
 /// others from the due index. It runs after the enqueue wrote its jobs and lanes, holding the
@@ -210,7 +222,7 @@ const ENQUEUE_LANES: &str = "INSERT INTO gnl_lanes (org, next_run_at, served_at)
 const DEPTHS: &str =
     "SELECT d.o,
        (SELECT count(*) FROM gnl_lanes x JOIN gnl_jobs g ON g.org = x.org AND g.seq >= x.head
-        WHERE x.org = d.o AND g.state = 'pending' AND g.in_order)
+        WHERE x.org = d.o AND g.type = x.type AND g.state = 'pending' AND g.in_order)
      + (SELECT count(*) FROM gnl_jobs g WHERE g.org = d.o AND g.state = 'pending' AND NOT g.in_order)
      FROM unnest($1::text[]) AS d(o)";
 
@@ -259,11 +271,11 @@ const RETRY: &str = concat!(
     ",
          finished_at = NULL, cancel_requested = false
        WHERE org = $1 AND id = $2 AND state = 'dead'
-       RETURNING org, run_at
+       RETURNING org, type, run_at
      ),
      ln AS (
-       INSERT INTO gnl_lanes (org, next_run_at, served_at) SELECT org, run_at, 0 FROM r
-       ON CONFLICT (org) DO UPDATE SET next_run_at = least(gnl_lanes.next_run_at, excluded.next_run_at)
+       INSERT INTO gnl_lanes (org, type, next_run_at, served_at) SELECT org, type, run_at, 0 FROM r
+       ON CONFLICT (org, type) DO UPDATE SET next_run_at = least(gnl_lanes.next_run_at, excluded.next_run_at)
      )
      SELECT count(*) FROM r"
 );
@@ -322,9 +334,14 @@ impl PostgresStore {
                 }
             }
         }
-        let (max_attempts, ttl_ms, owner) = match req {
-            Some(r) => (r.max_attempts, r.ttl_ms, pg_text(&r.owner)),
-            None => (0, 0, Cow::Borrowed("")),
+        let (max_attempts, ttl_ms, owner, types) = match req {
+            Some(r) => (
+                r.max_attempts,
+                r.ttl_ms,
+                pg_text(&r.owner),
+                r.types.as_slice(),
+            ),
+            None => (0, 0, Cow::Borrowed(""), &[][..]),
         };
         self.counted(1);
         let rows = sqlx::query(CLAIM)
@@ -342,6 +359,7 @@ impl PostgresStore {
             .bind(owner)
             .bind(d_org)
             .bind(f_org)
+            .bind(types)
             .fetch_all(&self.pool)
             .await?;
         Ok(rows
@@ -442,11 +460,11 @@ impl PostgresStore {
             }
             Err(e) => return Err(e.into()),
         }
-        let lanes = match feed {
-            Feed::Whole(jobs) => jobs.lanes(),
-            Feed::Parts { got, .. } => lanes_of(got.iter()),
+        let (lanes, type_lanes) = match feed {
+            Feed::Whole(jobs) => (jobs.lanes(), jobs.type_lanes()),
+            Feed::Parts { got, .. } => (lanes_of(got.iter()), type_lanes_of(got.iter())),
         };
-        self.upsert_lanes(&mut tx, &lanes, now).await?;
+        self.upsert_lanes(&mut tx, &type_lanes, now).await?;
         self.check_limits(&mut tx, &lanes).await?;
         self.commit(tx).await?;
         Ok(true)
@@ -469,14 +487,16 @@ impl PostgresStore {
     async fn upsert_lanes(
         &self,
         tx: &mut Tx,
-        lanes: &[(&str, LaneSummary)],
+        lanes: &[(&str, &str, LaneSummary)],
         now: i64,
     ) -> Result<()> {
-        let orgs: Vec<&str> = lanes.iter().map(|(o, _)| *o).collect();
-        let due: Vec<i64> = lanes.iter().map(|(_, l)| l.earliest(now)).collect();
+        let orgs: Vec<&str> = lanes.iter().map(|(o, _, _)| *o).collect();
+        let types: Vec<&str> = lanes.iter().map(|(_, t, _)| *t).collect();
+        let due: Vec<i64> = lanes.iter().map(|(_, _, l)| l.earliest(now)).collect();
         self.counted(1);
         sqlx::query(ENQUEUE_LANES)
             .bind(orgs)
+            .bind(types)
             .bind(due)
             .execute(&mut **tx)
             .await?;
@@ -534,7 +554,7 @@ impl PostgresStore {
                     .execute(&mut *tx)
                     .await?;
             }
-            self.upsert_lanes(&mut tx, &lanes, now).await?;
+            self.upsert_lanes(&mut tx, &jobs.type_lanes(), now).await?;
         }
         self.check_limits(&mut tx, &lanes).await?;
         self.commit(tx).await
@@ -743,8 +763,10 @@ impl QueueStore for PostgresStore {
         if finished.is_empty() && req.probe {
             // The empty poll: one read, whatever the number of lanes (both are index seeks).
             self.counted(1);
-            let (due, expired): (bool, bool) =
-                sqlx::query_as(PRECHECK).fetch_one(&self.pool).await?;
+            let (due, expired): (bool, bool) = sqlx::query_as(PRECHECK)
+                .bind(&req.types)
+                .fetch_one(&self.pool)
+                .await?;
             if !due && !expired {
                 return Ok(vec![]);
             }
@@ -815,9 +837,10 @@ impl QueueStore for PostgresStore {
         Ok(row.as_ref().map(job_row))
     }
 
-    async fn has_due(&self) -> Result<bool> {
+    async fn has_due(&self, types: &[String]) -> Result<bool> {
         self.counted(1);
         Ok(sqlx::query_scalar(concat!("SELECT ", some_due!()))
+            .bind(types)
             .fetch_one(&self.pool)
             .await?)
     }

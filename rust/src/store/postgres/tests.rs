@@ -30,7 +30,8 @@ async fn an_empty_poll_is_one_claim_statement_plan() {
         pool.execute("ANALYZE gnl_lanes; ANALYZE gnl_jobs")
             .await
             .unwrap();
-        let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {}", super::queue::PRECHECK))
+        let precheck = super::queue::PRECHECK.replace("$1::text[]", "'{t}'::text[]");
+        let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {precheck}"))
             .fetch_all(&pool)
             .await
             .unwrap();

@@ -11,31 +11,68 @@ use sqlx::{Arguments, Row};
 use super::{SqliteStore, Tx};
 use crate::error::{Error, Result};
 use crate::model::*;
-use crate::store::queue::{job_row, JOB_COLS};
+use crate::store::queue::{job_row, marks, orgs_in_turn, JOB_COLS};
 use crate::store::QueueStore;
 
-/// Whether some lane has a due job (`?1`: now): a lane in the turn, or a waiting lane whose
-/// next_run_at has come. Two index ends, whatever the number of lanes.
-const SOME_DUE: &str = "(EXISTS (SELECT 1 FROM gnl_lanes WHERE due = 1) OR coalesce(\
-     (SELECT min(next_run_at) FROM gnl_lanes WHERE due = 0 AND next_run_at IS NOT NULL) <= ?1, 0))";
+/// Whether a lane of one of `types` has a due job: a lane in the turn, or a waiting lane whose
+/// next_run_at has come (parameters: the types, the types, now). Two index seeks per type,
+/// whatever the number of lanes.
+fn some_due(types: usize) -> String {
+    let m = marks(types);
+    format!(
+        "(EXISTS (SELECT 1 FROM gnl_lanes WHERE due = 1 AND type IN ({m})) OR \
+          EXISTS (SELECT 1 FROM gnl_lanes WHERE due = 0 AND type IN ({m}) AND next_run_at <= ?))"
+    )
+}
 
-/// The lane pick (`?1`: now, `?2`: how many): the lanes in the turn that waited longest, read
-/// from the turn index (lanes whose jobs are all due later are not in it), after a first row
-/// (org NULL) that says whether a waiting lane's next_run_at has come (it must join the turn
-/// first).
-const PICK_LANES: &str = "SELECT NULL, EXISTS (SELECT 1 FROM gnl_lanes WHERE due = 0 AND next_run_at <= ?1) \
-     UNION ALL SELECT * FROM (SELECT org, 0 FROM gnl_lanes WHERE due = 1 ORDER BY served_at, org LIMIT ?2)";
+/// Bind `types`, `types` and `now` (`some_due`'s parameters).
+fn bind_some_due(args: &mut SqliteArguments<'_>, types: &[String], now: i64) -> Result<()> {
+    for t in types.iter().chain(types) {
+        args.add(t.clone())
+            .map_err(|e| Error::invalid(e.to_string()))?;
+    }
+    args.add(now).map_err(|e| Error::invalid(e.to_string()))?;
+    Ok(())
+}
+
+/// The lane pick for `types`: a first row (org NULL) that says whether a waiting lane of those
+/// types has a due job (it must join the turn first: parameters the types, now), then per type
+/// the rows in the turn that waited longest, from the turn index (parameters: the type and how
+/// many). Rows: org, type, served_at, the flag.
+fn pick_lanes_sql(types: usize) -> String {
+    let mut sql = format!(
+        "SELECT NULL, NULL, NULL, EXISTS (SELECT 1 FROM gnl_lanes \
+           WHERE due = 0 AND type IN ({}) AND next_run_at <= ?)",
+        marks(types)
+    );
+    for _ in 0..types {
+        sql.push_str(
+            " UNION ALL SELECT * FROM (SELECT org, type, served_at, 0 FROM gnl_lanes \
+               WHERE due = 1 AND type = ? ORDER BY served_at, org LIMIT ?)",
+        );
+    }
+    sql
+}
 
 impl SqliteStore {
-    /// Lower a lane's `next_run_at` bound to `run_at` (creating the lane if needed).
-    async fn lane_due(&self, tx: &mut Tx<'static>, org: &str, run_at: i64) -> Result<()> {
+    /// Lower the `next_run_at` bound of the lane of `org` and `typ` to `run_at` (creating the
+    /// lane if needed, with its organization's turn ticket).
+    async fn lane_due(
+        &self,
+        tx: &mut Tx<'static>,
+        org: &str,
+        typ: &str,
+        run_at: i64,
+    ) -> Result<()> {
         self.counted(1);
         sqlx::query(
-            "INSERT INTO gnl_lanes (org, next_run_at, served_at) VALUES (?1, ?2, 0) \
-             ON CONFLICT (org) DO UPDATE SET next_run_at = \
+            "INSERT INTO gnl_lanes (org, type, next_run_at, served_at) \
+             VALUES (?1, ?2, ?3, coalesce((SELECT max(served_at) FROM gnl_lanes WHERE org = ?1), 0)) \
+             ON CONFLICT (org, type) DO UPDATE SET next_run_at = \
              min(coalesce(gnl_lanes.next_run_at, excluded.next_run_at), excluded.next_run_at)",
         )
         .bind(org)
+        .bind(typ)
         .bind(run_at)
         .execute(&mut **tx)
         .await?;
@@ -106,7 +143,7 @@ impl SqliteStore {
                        run_at = CASE WHEN cancel_requested = 0 AND attempts < max_attempts THEN ?1 + ?5 ELSE run_at END, \
                        finished_at = CASE WHEN cancel_requested = 0 AND attempts < max_attempts THEN NULL ELSE ?1 END \
                      WHERE seq = ?2 AND lease_token = ?3 AND state = 'running' \
-                     RETURNING org, state, run_at",
+                     RETURNING org, type, state, run_at",
                 )
                 .bind(now)
                 .bind(seq)
@@ -116,10 +153,10 @@ impl SqliteStore {
                 .fetch_optional(&mut **tx)
                 .await?;
                 if let Some(r) = row {
-                    let state: String = r.get(1);
+                    let state: String = r.get(2);
                     if state == PENDING {
-                        self.lane_due(tx, r.get::<String, _>(0).as_str(), r.get(2))
-                            .await?;
+                        let (org, typ): (String, String) = (r.get(0), r.get(1));
+                        self.lane_due(tx, &org, &typ, r.get(3)).await?;
                     }
                 }
             }
@@ -127,48 +164,57 @@ impl SqliteStore {
         Ok(())
     }
 
-    /// After a claim: give the lanes that were served new turn tickets, in the order they were
-    /// served, and recompute the next-due bound of every lane the claim looked at; one
-    /// statement. Tickets strictly increase (claims within one millisecond must not tie) and
-    /// stay near the store's clock (in 1/4096 ms), so a new lane's ticket 0 sorts first.
+    /// After a claim: give the organizations that were served new turn tickets (on the lanes
+    /// the claim looked at), in the order they were served, and recompute the next-due bound
+    /// of every lane the claim looked at (`looked`: organizations and their types); one
+    /// statement. Tickets
+    /// strictly increase (claims within one millisecond must not tie) and stay near the store's
+    /// clock (in 1/4096 ms), so a new organization's ticket 0 sorts first.
     async fn lanes_served(
         &self,
         tx: &mut Tx<'static>,
-        looked: &[String],
+        looked: &[(String, Vec<String>)],
         served: &[&str],
         now: i64,
     ) -> Result<()> {
-        let mut sql = String::from(
-            "WITH b(v) AS MATERIALIZED (SELECT max(?, coalesce(max(served_at), 0) + 1) FROM gnl_lanes) \
-             UPDATE gnl_lanes SET served_at = ",
-        );
         let mut args = SqliteArguments::default();
+        let add = |args: &mut SqliteArguments<'_>, v: &str| {
+            args.add(v.to_string())
+                .map_err(|e| Error::invalid(e.to_string()))
+        };
+        let mut sql = String::from(
+            "WITH b(v) AS MATERIALIZED (SELECT max(?, coalesce(max(served_at), 0) + 1) FROM gnl_lanes), \
+             l(org, type) AS (VALUES ",
+        );
         args.add(now * 4096)
             .map_err(|e| Error::invalid(e.to_string()))?;
+        let mut first = true;
+        for (org, types) in looked {
+            for t in types {
+                sql.push_str(if first { "(?,?)" } else { ",(?,?)" });
+                first = false;
+                add(&mut args, org)?;
+                add(&mut args, t)?;
+            }
+        }
+        sql.push_str(") UPDATE gnl_lanes SET served_at = ");
         if served.is_empty() {
             sql.push_str("served_at");
         } else {
-            sql.push_str("CASE org");
+            sql.push_str("CASE gnl_lanes.org");
             for (i, org) in served.iter().enumerate() {
                 sql.push_str(&format!(" WHEN ? THEN (SELECT v FROM b) + {i}"));
-                args.add(*org).map_err(|e| Error::invalid(e.to_string()))?;
+                add(&mut args, org)?;
             }
             sql.push_str(" ELSE served_at END");
         }
         // A lane stays in the turn while its earliest pending job is due.
+        let earliest = "(SELECT min(j.run_at) FROM gnl_jobs j \
+             WHERE j.org = gnl_lanes.org AND j.type = gnl_lanes.type AND j.state = 'pending')";
         sql.push_str(&format!(
-            ", next_run_at = \
-             (SELECT min(j.run_at) FROM gnl_jobs j WHERE j.org = gnl_lanes.org AND j.state = 'pending'), \
-             due = coalesce((SELECT min(j.run_at) FROM gnl_jobs j \
-                             WHERE j.org = gnl_lanes.org AND j.state = 'pending') <= {now}, 0) \
-             WHERE org IN ("
+            ", next_run_at = {earliest}, due = coalesce({earliest} <= {now}, 0) \
+             FROM l WHERE gnl_lanes.org = l.org AND gnl_lanes.type = l.type"
         ));
-        for (i, org) in looked.iter().enumerate() {
-            sql.push_str(if i == 0 { "?" } else { ",?" });
-            args.add(org.as_str())
-                .map_err(|e| Error::invalid(e.to_string()))?;
-        }
-        sql.push(')');
         self.counted(1);
         sqlx::query_with(&sql, args)
             .persistent(looked.len() <= 4)
@@ -177,29 +223,42 @@ impl SqliteStore {
         Ok(())
     }
 
-    /// The lanes in the turn that waited longest (at most `limit`), or None when a waiting
-    /// lane's next_run_at has come (it must join the turn first).
+    /// The organizations in turn that waited longest (at most `limit`) with their lanes' types,
+    /// among lanes of `types`; None when a waiting lane of those types has a due job (it must
+    /// join the turn first).
     async fn pick_lanes(
         &self,
         tx: &mut Tx<'static>,
+        types: &[String],
         now: i64,
         limit: usize,
-    ) -> Result<Option<Vec<String>>> {
+    ) -> Result<Option<Vec<(String, Vec<String>)>>> {
+        let sql = pick_lanes_sql(types.len());
+        let mut args = SqliteArguments::default();
+        for t in types {
+            args.add(t.clone())
+                .map_err(|e| Error::invalid(e.to_string()))?;
+        }
+        args.add(now).map_err(|e| Error::invalid(e.to_string()))?;
+        for t in types {
+            args.add(t.clone())
+                .map_err(|e| Error::invalid(e.to_string()))?;
+            args.add(limit as i64)
+                .map_err(|e| Error::invalid(e.to_string()))?;
+        }
         self.counted(1);
-        let rows: Vec<(Option<String>, bool)> = sqlx::query_as(PICK_LANES)
-            .bind(now)
-            .bind(limit as i64)
-            .fetch_all(&mut **tx)
-            .await?;
+        /// A pick row: org, type, served_at (NULL in the first row), the waiting lanes' flag.
+        type PickRow = (Option<String>, Option<String>, Option<i64>, bool);
+        let rows: Vec<PickRow> = sqlx::query_as_with(&sql, args).fetch_all(&mut **tx).await?;
         let mut lanes = Vec::with_capacity(rows.len());
-        for (org, waiting_due) in rows {
-            match org {
-                Some(org) => lanes.push(org),
-                None if waiting_due => return Ok(None),
-                None => {}
+        for (org, typ, served_at, waiting_due) in rows {
+            match (org, typ, served_at) {
+                (Some(o), Some(t), Some(at)) => lanes.push((o, t, at)),
+                _ if waiting_due => return Ok(None),
+                _ => {}
             }
         }
-        Ok(Some(lanes))
+        Ok(Some(orgs_in_turn(lanes, limit)))
     }
 
     /// Expired leases: the holder stopped renewing (crashed, partitioned). The attempt it used
@@ -215,23 +274,22 @@ impl SqliteStore {
                finished_at = CASE WHEN cancel_requested = 0 AND attempts < max_attempts THEN NULL ELSE ?1 END, \
                lease_expires_at = NULL, lease_owner = NULL, updated_at = ?1 \
              WHERE state = 'running' AND lease_expires_at < ?1 \
-             RETURNING org, state, run_at",
+             RETURNING org, type, state, run_at",
         )
         .bind(now)
         .fetch_all(&mut **tx)
         .await?;
-        let mut lanes: BTreeMap<String, i64> = BTreeMap::new();
+        let mut lanes: BTreeMap<(String, String), i64> = BTreeMap::new();
         for r in rows {
-            let state: String = r.get(1);
+            let state: String = r.get(2);
             if state == PENDING {
-                let org: String = r.get(0);
-                let run_at: i64 = r.get(2);
-                let e = lanes.entry(org).or_insert(run_at);
+                let run_at: i64 = r.get(3);
+                let e = lanes.entry((r.get(0), r.get(1))).or_insert(run_at);
                 *e = (*e).min(run_at);
             }
         }
-        for (org, run_at) in lanes {
-            self.lane_due(tx, &org, run_at).await?;
+        for ((org, typ), run_at) in lanes {
+            self.lane_due(tx, &org, &typ, run_at).await?;
         }
         Ok(())
     }
@@ -304,9 +362,9 @@ impl QueueStore for SqliteStore {
                 });
             }
         }
-        // Each organization's turn is taken once per call.
-        for (org, lane) in lanes {
-            self.lane_due(&mut tx, org, lane.earliest(now)).await?;
+        // Each lane's bound is lowered once per call.
+        for (org, typ, lane) in jobs.type_lanes() {
+            self.lane_due(&mut tx, org, typ, lane.earliest(now)).await?;
         }
         self.commit(tx).await
     }
@@ -317,11 +375,16 @@ impl QueueStore for SqliteStore {
         if finished.is_empty() && req.probe {
             // The empty poll: one read, whatever the number of lanes (both are index seeks).
             self.counted(1);
-            let (due, next_expiry): (bool, Option<i64>) = sqlx::query_as(&format!(
-                "SELECT {SOME_DUE}, \
-                        (SELECT min(lease_expires_at) FROM gnl_jobs WHERE state = 'running')"
-            ))
-            .bind(now)
+            let mut args = SqliteArguments::default();
+            bind_some_due(&mut args, &req.types, now)?;
+            let (due, next_expiry): (bool, Option<i64>) = sqlx::query_as_with(
+                &format!(
+                    "SELECT {}, \
+                     (SELECT min(lease_expires_at) FROM gnl_jobs WHERE state = 'running')",
+                    some_due(req.types.len())
+                ),
+                args,
+            )
             .fetch_one(&self.pool)
             .await?;
             expired = next_expiry.is_some_and(|t| t < now);
@@ -342,41 +405,79 @@ impl QueueStore for SqliteStore {
             self.reclaim(&mut tx, now).await?;
         }
         let mut out = Vec::new();
-        if req.limit > 0 {
-            let mut lanes = self.pick_lanes(&mut tx, now, req.limit).await?;
+        if req.limit > 0 && !req.types.is_empty() {
+            let mut lanes = self.pick_lanes(&mut tx, &req.types, now, req.limit).await?;
             if lanes.is_none() {
                 // Waiting lanes whose next_run_at has come join the turn, with the tickets they
                 // had (so a lane is served in the same order as if it had never waited).
+                let mut args = SqliteArguments::default();
+                for t in &req.types {
+                    args.add(t.clone())
+                        .map_err(|e| Error::invalid(e.to_string()))?;
+                }
+                args.add(now).map_err(|e| Error::invalid(e.to_string()))?;
                 self.counted(1);
-                sqlx::query("UPDATE gnl_lanes SET due = 1 WHERE due = 0 AND next_run_at <= ?1")
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await?;
-                lanes = self.pick_lanes(&mut tx, now, req.limit).await?;
+                sqlx::query_with(
+                    &format!(
+                        "UPDATE gnl_lanes SET due = 1 \
+                         WHERE due = 0 AND type IN ({}) AND next_run_at <= ?",
+                        marks(req.types.len())
+                    ),
+                    args,
+                )
+                .execute(&mut *tx)
+                .await?;
+                lanes = self.pick_lanes(&mut tx, &req.types, now, req.limit).await?;
             }
             let lanes = lanes.unwrap_or_default();
             let n = lanes.len().max(1);
             let expires = now + req.ttl_ms;
             let mut served: Vec<&str> = Vec::with_capacity(lanes.len());
-            for (i, org) in lanes.iter().enumerate() {
-                // Lanes in turn: each gets an equal share of the batch, the first ones the rest.
+            for (i, (org, types)) in lanes.iter().enumerate() {
+                // Lanes in turn: each gets an equal share of the batch, the first ones the rest;
+                // an organization's share goes to its earliest due jobs of the claim's types
+                // (each type read from the due index, at most the share each).
                 let share = req.limit / n + usize::from(i < req.limit % n);
+                let mut sql = String::from(
+                    "UPDATE gnl_jobs SET state = 'running', attempts = attempts + 1, max_attempts = ?, \
+                       lease_token = lease_token + 1, lease_expires_at = ?, lease_owner = ?, updated_at = ? \
+                     WHERE seq IN (",
+                );
+                let mut args = SqliteArguments::default();
+                let err = |e: sqlx::error::BoxDynError| Error::invalid(e.to_string());
+                args.add(req.max_attempts).map_err(err)?;
+                args.add(expires).map_err(err)?;
+                args.add(req.owner.clone()).map_err(err)?;
+                args.add(now).map_err(err)?;
+                let one = "SELECT seq, run_at FROM gnl_jobs WHERE org = ? AND type = ? \
+                           AND state = 'pending' AND run_at <= ? ORDER BY run_at, seq LIMIT ?";
+                if types.len() == 1 {
+                    sql.push_str(one);
+                    sql = sql.replacen("SELECT seq, run_at", "SELECT seq", 1);
+                } else {
+                    sql.push_str("SELECT seq FROM (");
+                    for (k, _) in types.iter().enumerate() {
+                        if k > 0 {
+                            sql.push_str(" UNION ALL ");
+                        }
+                        sql.push_str("SELECT * FROM (");
+                        sql.push_str(one);
+                        sql.push(')');
+                    }
+                    sql.push_str(") ORDER BY run_at, seq LIMIT ?");
+                }
+                for t in types {
+                    args.add(org.clone()).map_err(err)?;
+                    args.add(t.clone()).map_err(err)?;
+                    args.add(now).map_err(err)?;
+                    args.add(share as i64).map_err(err)?;
+                }
+                if types.len() > 1 {
+                    args.add(share as i64).map_err(err)?;
+                }
+                sql.push_str(") RETURNING seq, lease_token, id, type, payload, attempts, run_at");
                 self.counted(1);
-                let rows = sqlx::query(
-                    "UPDATE gnl_jobs SET state = 'running', attempts = attempts + 1, max_attempts = ?2, \
-                       lease_token = lease_token + 1, lease_expires_at = ?3, lease_owner = ?4, updated_at = ?1 \
-                     WHERE seq IN (SELECT seq FROM gnl_jobs WHERE org = ?5 AND state = 'pending' AND run_at <= ?1 \
-                                   ORDER BY run_at, seq LIMIT ?6) \
-                     RETURNING seq, lease_token, id, type, payload, attempts, run_at",
-                )
-                .bind(now)
-                .bind(req.max_attempts)
-                .bind(expires)
-                .bind(&req.owner)
-                .bind(org)
-                .bind(share as i64)
-                .fetch_all(&mut *tx)
-                .await?;
+                let rows = sqlx::query_with(&sql, args).fetch_all(&mut *tx).await?;
                 if !rows.is_empty() {
                     served.push(org.as_str());
                 }
@@ -478,12 +579,18 @@ impl QueueStore for SqliteStore {
         Ok(row.as_ref().map(job_row))
     }
 
-    async fn has_due(&self) -> Result<bool> {
+    async fn has_due(&self, types: &[String]) -> Result<bool> {
+        if types.is_empty() {
+            return Ok(false);
+        }
         self.counted(1);
-        Ok(sqlx::query_scalar(&format!("SELECT {SOME_DUE}"))
-            .bind(self.clock_ms())
-            .fetch_one(&self.pool)
-            .await?)
+        let mut args = SqliteArguments::default();
+        bind_some_due(&mut args, types, self.clock_ms())?;
+        Ok(
+            sqlx::query_scalar_with(&format!("SELECT {}", some_due(types.len())), args)
+                .fetch_one(&self.pool)
+                .await?,
+        )
     }
 
     async fn max_seq(&self) -> Result<i64> {
@@ -536,10 +643,10 @@ impl QueueStore for SqliteStore {
         let mut tx = self.begin_write().await?;
         let now = self.clock_ms();
         self.counted(1);
-        let row = sqlx::query(
+        let row: Option<String> = sqlx::query_scalar(
             "UPDATE gnl_jobs SET state = 'pending', attempts = 0, run_at = ?3, updated_at = ?3, \
                finished_at = NULL, cancel_requested = 0 \
-             WHERE org = ?1 AND id = ?2 AND state = 'dead' RETURNING run_at",
+             WHERE org = ?1 AND id = ?2 AND state = 'dead' RETURNING type",
         )
         .bind(org)
         .bind(id)
@@ -547,8 +654,8 @@ impl QueueStore for SqliteStore {
         .fetch_optional(&mut *tx)
         .await?;
         let ok = row.is_some();
-        if ok {
-            self.lane_due(&mut tx, org, now).await?;
+        if let Some(typ) = row {
+            self.lane_due(&mut tx, org, &typ, now).await?;
         }
         self.commit(tx).await?;
         Ok(ok)

@@ -277,6 +277,7 @@ pub(crate) fn req(limit: usize, ttl_ms: i64) -> ClaimRequest {
         limit,
         ttl_ms,
         max_attempts: 2,
+        types: vec!["t".into()],
         probe: true,
     }
 }

@@ -32,6 +32,8 @@ on_every_engine! {
         a_batch_over_many_organizations_is_one_call,
         a_big_batch_skips_taken_and_repeated_ids,
         idle_lanes_leave_the_turn_of_due_lanes_as_it_was,
+        a_claim_takes_only_the_types_it_asks_for,
+        organizations_take_turns_whatever_their_number_of_types,
     ],
     servers: [a_100k_job_enqueue_is_one_call, big_payloads_are_split_by_size],
     store_and_url: [
@@ -220,6 +222,122 @@ pub async fn idle_lanes_leave_the_turn_of_due_lanes_as_it_was(s: Arc<dyn Store>)
     assert!(s.claim(&[], &r).await.unwrap().is_empty());
     let row = s.get_job("idle7", "later").await.unwrap().unwrap();
     assert_eq!(row.state, PENDING);
+}
+
+/// A job of `typ`.
+fn typed(org: &str, id: &str, typ: &str) -> NewJob {
+    let mut j = job(org, id);
+    j.typ = typ.into();
+    j
+}
+
+/// A claim of up to `limit` jobs of `types`.
+fn req_types(limit: usize, types: &[&str]) -> ClaimRequest {
+    let mut r = req(limit, 60_000);
+    r.types = types.iter().map(|t| t.to_string()).collect();
+    r
+}
+
+fn ids(jobs: &[ClaimedJob]) -> Vec<&str> {
+    jobs.iter().map(|j| j.id.as_str()).collect()
+}
+
+/// Issue 15, deliverable 4: a claim takes only jobs of the types its worker has handlers for,
+/// lanes in turn among them; a lane whose due jobs are all of other types is not read, so
+/// with only such jobs due the poll is empty and one query; a job of a type no claim asks for
+/// stays pending (and listed) for a worker that can run it.
+pub async fn a_claim_takes_only_the_types_it_asks_for(s: Arc<dyn Store>) {
+    // Many lanes whose due jobs are of a type the x-worker cannot run.
+    let mut jobs: Vec<NewJob> = (0..500)
+        .map(|i| typed(&format!("y{i}"), "j", "y"))
+        .collect();
+    jobs.extend([
+        typed("a", "ay0", "y"),
+        typed("a", "ax1", "x"),
+        typed("a", "ay2", "y"),
+        typed("a", "ax3", "x"),
+        typed("c", "cx0", "x"),
+        typed("a", "nobody", "z"),
+    ]);
+    s.enqueue(&jobs).await.unwrap();
+    let got = s.claim(&[], &req_types(10, &["x"])).await.unwrap();
+    assert_eq!(ids(&got), ["ax1", "ax3", "cx0"]);
+    assert!(got.iter().all(|j| j.typ == "x"));
+    let finished: Vec<Outcome> = got.iter().map(|j| done(j, "1")).collect();
+    assert!(s
+        .claim(&finished, &req_types(10, &["x"]))
+        .await
+        .unwrap()
+        .is_empty());
+    let before = s.query_count();
+    assert!(s
+        .claim(&[], &req_types(10, &["x"]))
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        s.query_count() - before,
+        1,
+        "the empty poll of x is one query"
+    );
+    assert!(!s.has_due(&["x".into()]).await.unwrap());
+    assert!(s.has_due(&["x".into(), "y".into()]).await.unwrap());
+    // The y-worker: turns are kept per worker's types (the x claim served a's x lane only),
+    // so a's y lane has waited as long as the other never-served ones (org order breaks ties).
+    let got = s.claim(&[], &req_types(1_100, &["y"])).await.unwrap();
+    assert_eq!(got.len(), 502);
+    assert!(got.iter().all(|j| j.typ == "y"));
+    assert_eq!(ids(&got[..2]), ["ay0", "ay2"]);
+    let finished: Vec<Outcome> = got.iter().map(|j| done(j, "1")).collect();
+    assert!(s
+        .claim(&finished, &req_types(10, &["x", "y"]))
+        .await
+        .unwrap()
+        .is_empty());
+    // The z job waits for a worker that runs z, pending and listed.
+    let row = s.get_job("a", "nobody").await.unwrap().unwrap();
+    assert_eq!((row.state.as_str(), row.attempts), (PENDING, 0));
+    assert_eq!(count_jobs(&s).await, 506);
+    let got = s.claim(&[], &req_types(10, &["z"])).await.unwrap();
+    assert_eq!(ids(&got), ["nobody"]);
+}
+
+/// Organizations take turns, not (organization, type) lanes: an organization with jobs of two
+/// types gets no more turns than one with jobs of one type, for a worker that runs both; a
+/// job of a type that is new to an organization takes the organization's turn; a retried job
+/// comes back in its type's lane.
+pub async fn organizations_take_turns_whatever_their_number_of_types(s: Arc<dyn Store>) {
+    let mut jobs = vec![];
+    for i in 0..3 {
+        jobs.push(typed("m", &format!("mx{i}"), "x"));
+        jobs.push(typed("m", &format!("my{i}"), "y"));
+        jobs.push(typed("n", &format!("nx{i}"), "x"));
+    }
+    s.enqueue(&jobs).await.unwrap();
+    let mut took = vec![];
+    for _ in 0..4 {
+        let got = s.claim(&[], &req_types(1, &["x", "y"])).await.unwrap();
+        took.push(got[0].id.clone());
+    }
+    assert_eq!(took, ["mx0", "nx0", "my0", "nx1"]);
+    // m's new type joins with m's ticket: n (served last) still waits behind m.
+    s.enqueue(&[typed("m", "mw0", "w")]).await.unwrap();
+    let got = s.claim(&[], &req_types(1, &["x", "y", "w"])).await.unwrap();
+    assert_eq!(ids(&got), ["mx1"]);
+    let got = s.claim(&[], &req_types(1, &["w"])).await.unwrap();
+    assert_eq!(ids(&got), ["mw0"]);
+    // A failed attempt is due again in its own type's lane.
+    let fail = failed(&got[0], "boom", 1);
+    s.finish(&[fail]).await.unwrap();
+    sleep_ms(10).await;
+    assert!(s
+        .claim(&[], &req_types(5, &["x"]))
+        .await
+        .unwrap()
+        .iter()
+        .all(|j| j.typ == "x"));
+    let got = s.claim(&[], &req_types(1, &["w"])).await.unwrap();
+    assert_eq!((ids(&got), got[0].attempt), (vec!["mw0"], 2));
 }
 
 /// The ids of `n` claims of one job each (each must get one).
@@ -699,7 +817,11 @@ pub async fn listings_cancel_and_renew(s: Arc<dyn Store>) {
     let ids: Vec<&str> = pend.iter().map(|r| r.id.as_str()).collect();
     assert_eq!(ids, vec!["1", "2"]);
     // Running: the renewal reports the cancel, the outcome makes it canceled.
-    let j = s.claim(&[], &req(1, 60_000)).await.unwrap().remove(0);
+    let j = s
+        .claim(&[], &req_types(1, &["t", "odd"]))
+        .await
+        .unwrap()
+        .remove(0);
     assert_eq!(j.id, "1");
     let lease = LeaseRef {
         seq: j.seq,
@@ -873,6 +995,7 @@ async fn claimer(
             limit,
             ttl_ms: 60_000,
             max_attempts: 5,
+            types: vec!["t".into()],
             probe: true,
         };
         let got = crate::store::claim(store.as_ref(), &finished, &r)
