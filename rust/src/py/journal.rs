@@ -114,6 +114,25 @@ fn step_put<'py>(
     })
 }
 
+/// Record `value` (checked as JSON first) as step `(run_id, name, n)` at once, on the calling
+/// thread, when the store can (`JournalStore::step_put_now`): True when recorded, False when
+/// not done (then call `step_put`).
+#[pyfunction]
+fn step_put_now(
+    store: &NativeStore,
+    run_id: &str,
+    name: &str,
+    n: i64,
+    position: i64,
+    value: &Bound<'_, PyAny>,
+) -> PyResult<bool> {
+    keys(run_id, name)?;
+    let text = json::encode(value, &format!("the result of step {name:?}"))?;
+    let s = store.inner.clone();
+    let py = value.py();
+    Ok(py.detach(|| s.step_put_now(run_id, name, n, position, &text).is_some()))
+}
+
 /// Record an at-most-once step's intent: None when this call recorded it, else the row.
 #[pyfunction]
 fn step_intent<'py>(
@@ -474,6 +493,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RunKeeper>()?;
     m.add_function(wrap_pyfunction!(step_get, m)?)?;
     m.add_function(wrap_pyfunction!(step_put, m)?)?;
+    m.add_function(wrap_pyfunction!(step_put_now, m)?)?;
     m.add_function(wrap_pyfunction!(step_intent, m)?)?;
     m.add_function(wrap_pyfunction!(step_finish, m)?)?;
     m.add_function(wrap_pyfunction!(step_resolve, m)?)?;

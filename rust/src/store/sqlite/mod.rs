@@ -21,6 +21,7 @@ use super::Store;
 use crate::error::{Error, Result};
 
 mod journal;
+mod now;
 mod queue;
 #[cfg(test)]
 mod tests;
@@ -40,6 +41,9 @@ pub struct SqliteStore {
     last_reclaim: AtomicI64,
     /// Bind parameters per statement (`sqlite3_limit(SQLITE_LIMIT_VARIABLE_NUMBER)`).
     var_limit: usize,
+    /// The file (None: in memory), for the journal's fast path (`now.rs`).
+    path: Option<String>,
+    raw: std::sync::Mutex<Option<now::Raw>>,
 }
 
 /// SQLite's own busy handler sleeps up to 100 ms between tries, so a process waiting for
@@ -154,6 +158,11 @@ impl SqliteStore {
             queries: AtomicU64::new(0),
             last_reclaim: AtomicI64::new(0),
             var_limit,
+            path: match &target {
+                SqliteTarget::File(p) => Some(p.clone()),
+                SqliteTarget::Memory => None,
+            },
+            raw: std::sync::Mutex::new(None),
         })
     }
 
