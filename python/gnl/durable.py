@@ -160,9 +160,8 @@ class RunInfo:
 
 #: json's C scanner without ``json.loads``'s whitespace handling (recorded JSON is gnl's
 #: own compact text): a replayed step decodes its result in a fraction of the time.
-_scan: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(  # type: ignore[arg-type]
-    json.JSONDecoder()
-)
+_DECODER: Any = json.JSONDecoder()
+_scan: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(_DECODER)
 
 
 def _loads(text: str | None) -> Any:
