@@ -39,7 +39,6 @@ from typing import Any
 from . import _native
 from ._time import MAX_DURATION_MS, check_int, to_ms
 from .errors import (
-    ExecutionRevokedError,
     GnlError,
     InvalidArgumentError,
     RunBusyError,
@@ -817,8 +816,6 @@ class WorkflowWaker:
             await self._gnl.run_workflow(run.workflow, run_id=run.run_id, preset=run.preset)
         except RunBusyError:
             log.debug("gnl waker: run %r is being executed elsewhere", run.run_id)
-        except (ExecutionRevokedError, asyncio.CancelledError):
-            raise
         except Exception as e:
             log.warning("gnl waker: resumed run %r raised %s: %s", run.run_id, type(e).__name__, e)
 

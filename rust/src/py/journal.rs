@@ -470,7 +470,8 @@ impl RunKeeper {
         })
     }
 
-    /// Stop renewing and release the run lock (if still held).
+    /// Stop renewing and release the run lock (if still held; a failed release is left to
+    /// the lock's expiry).
     fn stop<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
@@ -480,7 +481,9 @@ impl RunKeeper {
         spawn(py, async move {
             if let Some(t) = task {
                 if let Ok(Some((k, tok))) = t.await {
-                    s.lock_release(&k, tok).await?;
+                    // A release that fails (the store away) changes nothing the caller can
+                    // act on: the lock expires `ttl_ms` after its last renewal.
+                    let _ = s.lock_release(&k, tok).await;
                 }
             }
             Ok(())
