@@ -527,3 +527,60 @@ def test_gnl_runs_list_show_resolve(store_url: Any) -> None:
     assert cli("resolve", "stuck", "pay", "--retry").returncode == 1  # nothing left to resolve
     shown = json.loads(cli("show", "stuck", "--json").stdout)
     assert shown["steps"][0]["result"] == {"paid": True}
+
+
+async def test_a_critical_run_whose_lock_is_taken_stops_with_lease_lost(
+    storage: gnl.Storage,
+) -> None:
+    calls, effect = tally()
+    inside = asyncio.Event()
+
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        await ctx.step("a", effect, "a")
+        inside.set()
+        await ctx.signal.wait()
+        return await ctx.step("b", effect, "b")
+
+    g = gnl.create_gnl(storage, {"wf": wf}, preset="critical", lease_ms=300)
+    run = asyncio.create_task(g.run_workflow("wf", run_id="r"))
+    await inside.wait()
+    # The lock is taken from under the run (its first token is 1): the next renewal answers
+    # that it is not this execution's any more.
+    native = storage._native
+    assert await _native.lock_release(native, "r", 1)
+    assert await _native.lock_acquire(native, "r", "thief", 60_000) == 2
+    with pytest.raises(gnl.ExecutionRevokedError) as revoked:
+        await asyncio.wait_for(run, 10)
+    assert revoked.value.why == "lease-lost"
+    assert calls == {"a": 1}
+
+
+async def test_sqlite_steps_wait_for_another_writer(storage: gnl.Storage, backend: str) -> None:
+    if backend != "sqlite":
+        pytest.skip("SQLite's fast path")
+    import sys
+
+    # Another process holds the file's write lock for 1 s (in this process the stdlib's own
+    # SQLite would share the process's POSIX locks with gnl's, and not block it).
+    path = storage.url.removeprefix("sqlite:///")
+    blocker = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        "import sqlite3, sys, time\n"
+        "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+        "c.execute('BEGIN IMMEDIATE'); print('held', flush=True)\n"
+        "time.sleep(1.0); c.execute('COMMIT')",
+        path,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert blocker.stdout is not None and await blocker.stdout.readline() == b"held\n"
+
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        return [await ctx.step("s", lambda i=i: i) for i in range(3)]
+
+    g = gnl.create_gnl(storage, {"wf": wf})
+    run = asyncio.create_task(g.run_workflow("wf", run_id="r"))
+    await asyncio.sleep(0.4)
+    assert not run.done()
+    assert await asyncio.wait_for(run, 30) == [0, 1, 2]
+    assert await asyncio.wait_for(blocker.wait(), 10) == 0

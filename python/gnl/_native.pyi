@@ -167,6 +167,9 @@ def step_get(store: NativeStore, run_id: str, name: str, n: int) -> Awaitable[St
 def step_put(
     store: NativeStore, run_id: str, name: str, n: int, position: int, value: Any
 ) -> Awaitable[StepRow | None]: ...
+def step_put_now(
+    store: NativeStore, run_id: str, name: str, n: int, position: int, value: Any
+) -> bool: ...
 def step_intent(
     store: NativeStore, run_id: str, name: str, n: int, position: int, token: int
 ) -> Awaitable[StepRow | None]: ...

@@ -114,6 +114,25 @@ fn step_put<'py>(
     })
 }
 
+/// Record `value` (checked as JSON first) as step `(run_id, name, n)` at once, on the calling
+/// thread, when the store can (`JournalStore::step_put_now`): True when recorded, False when
+/// not done (then call `step_put`).
+#[pyfunction]
+fn step_put_now(
+    store: &NativeStore,
+    run_id: &str,
+    name: &str,
+    n: i64,
+    position: i64,
+    value: &Bound<'_, PyAny>,
+) -> PyResult<bool> {
+    keys(run_id, name)?;
+    let text = json::encode(value, &format!("the result of step {name:?}"))?;
+    let s = store.inner.clone();
+    let py = value.py();
+    Ok(py.detach(|| s.step_put_now(run_id, name, n, position, &text).is_some()))
+}
+
 /// Record an at-most-once step's intent: None when this call recorded it, else the row.
 #[pyfunction]
 fn step_intent<'py>(
@@ -451,7 +470,8 @@ impl RunKeeper {
         })
     }
 
-    /// Stop renewing and release the run lock (if still held).
+    /// Stop renewing and release the run lock (if still held; a failed release is left to
+    /// the lock's expiry).
     fn stop<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
@@ -461,7 +481,9 @@ impl RunKeeper {
         spawn(py, async move {
             if let Some(t) = task {
                 if let Ok(Some((k, tok))) = t.await {
-                    s.lock_release(&k, tok).await?;
+                    // A release that fails (the store away) changes nothing the caller can
+                    // act on: the lock expires `ttl_ms` after its last renewal.
+                    let _ = s.lock_release(&k, tok).await;
                 }
             }
             Ok(())
@@ -474,6 +496,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RunKeeper>()?;
     m.add_function(wrap_pyfunction!(step_get, m)?)?;
     m.add_function(wrap_pyfunction!(step_put, m)?)?;
+    m.add_function(wrap_pyfunction!(step_put_now, m)?)?;
     m.add_function(wrap_pyfunction!(step_intent, m)?)?;
     m.add_function(wrap_pyfunction!(step_finish, m)?)?;
     m.add_function(wrap_pyfunction!(step_resolve, m)?)?;

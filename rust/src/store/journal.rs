@@ -137,6 +137,20 @@ pub trait JournalStore: Send + Sync {
         result: &str,
     ) -> Result<Option<StepRow>>;
 
+    /// `step_put` at once on the calling thread, when the engine can (SQLite: see
+    /// `sqlite/now.rs`): `Some(())` when this call recorded the step; `None` when it did not
+    /// (a lock held, the step already recorded, an error, another engine): use `step_put`.
+    fn step_put_now(
+        &self,
+        _run_id: &str,
+        _name: &str,
+        _n: i64,
+        _position: i64,
+        _result: &str,
+    ) -> Option<()> {
+        None
+    }
+
     /// Record an at-most-once step's intent (state `intent`, `token` its writer's) unless the
     /// step is recorded. Returns `None` when this call recorded it, else the row there first.
     async fn step_intent(

@@ -27,6 +27,9 @@ impl SqliteStore {
     }
 
     async fn steps_of(&self, run_id: &str) -> Result<Vec<StepRow>> {
+        if let Some(steps) = self.read_steps_now(run_id) {
+            return Ok(steps);
+        }
         self.counted(1);
         let rows = sqlx::query(&format!(
             "SELECT {STEP_COLS} FROM gnl_run_steps WHERE run_id = ?1 ORDER BY position, name, n"
@@ -100,6 +103,17 @@ impl JournalStore for SqliteStore {
             return Ok(None);
         }
         kept(self.step_get(run_id, name, n).await?, run_id, name)
+    }
+
+    fn step_put_now(
+        &self,
+        run_id: &str,
+        name: &str,
+        n: i64,
+        position: i64,
+        result: &str,
+    ) -> Option<()> {
+        self.put_step_now(run_id, name, n, position, result)
     }
 
     async fn step_intent(

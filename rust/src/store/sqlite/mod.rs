@@ -22,6 +22,7 @@ use super::Store;
 use crate::error::{Error, Result};
 
 mod journal;
+mod now;
 mod queue;
 #[cfg(test)]
 mod tests;
@@ -43,6 +44,9 @@ pub struct SqliteStore {
     var_limit: usize,
     /// Added to the wall clock (ms): 0 except where a test steps the clock (`step_clock`).
     clock_shift_ms: AtomicI64,
+    /// The file (None: in memory), for the journal's fast path (`now.rs`).
+    path: Option<String>,
+    raw: std::sync::Mutex<Option<now::Raw>>,
 }
 
 /// SQLite's own busy handler sleeps up to 100 ms between tries, so a process waiting for
@@ -159,6 +163,11 @@ impl SqliteStore {
             reclaims: ReclaimThrottle::new(),
             var_limit,
             clock_shift_ms: AtomicI64::new(0),
+            path: match &target {
+                SqliteTarget::File(p) => Some(p.clone()),
+                SqliteTarget::Memory => None,
+            },
+            raw: std::sync::Mutex::new(None),
         })
     }
 

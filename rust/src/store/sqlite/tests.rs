@@ -225,3 +225,40 @@ async fn a_wall_clock_stepping_back_does_not_stop_reclaims() {
         "the expired lease was not taken back"
     );
 }
+
+#[tokio::test]
+async fn the_fast_path_records_new_steps_and_leaves_the_rest_to_the_pool() {
+    let dir = std::env::temp_dir().join(format!("gnl-now-{}", crate::ids::new_job_id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite:///{}", dir.join("s.db").display());
+    let s = open(&url, 2, true).await.unwrap();
+    assert_eq!(s.step_put_now("r", "a", 0, 0, "1"), Some(()));
+    assert_eq!(
+        s.step_put_now("r", "a", 0, 0, "2"),
+        None,
+        "a recorded step: the pool's"
+    );
+    let kept = s.step_put("r", "a", 0, 0, "2").await.unwrap().unwrap();
+    assert_eq!(kept.result.as_deref(), Some("1"));
+    assert_eq!(s.step_put_now("r", "a", 1, 1, "\"\u{1F600}\""), Some(()));
+    let run = crate::store::journal::RunStart {
+        run_id: "r".into(),
+        workflow: "wf".into(),
+        preset: None,
+        input: None,
+        scheduled_for: None,
+        owner: "o".into(),
+        lease_ms: None,
+    };
+    s.run_start(&run).await.unwrap();
+    let st = s.run_start(&run).await.unwrap();
+    let got: Vec<_> = st.steps.iter().map(|x| (x.n, x.result.clone())).collect();
+    assert_eq!(
+        got,
+        vec![(0, Some("1".into())), (1, Some("\"\u{1F600}\"".into()))]
+    );
+    s.close().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+    // An in-memory store has no fast path.
+    assert_eq!(store().await.step_put_now("r", "a", 0, 0, "1"), None);
+}
