@@ -24,16 +24,20 @@ from .errors import (
 )
 from .queue import (
     JSON,
+    JobCounts,
     JobInfo,
     JobSpec,
     Page,
     cancel_job,
+    count_jobs,
     enqueue,
     enqueue_many,
     get_job,
     list_all_jobs,
     list_jobs,
+    list_orgs,
     retry_job,
+    scan_jobs,
 )
 from .signal import RevocationSignal
 from .storage import Journal, Storage, WorkStore, connect, upgrade
@@ -44,6 +48,7 @@ __version__ = "0.1.0"
 __all__ = [
     "JSON",
     "CronError",
+    "JobCounts",
     "DrainResult",
     "ExecutionRevokedError",
     "GnlError",
@@ -69,6 +74,7 @@ __all__ = [
     "__version__",
     "cancel_job",
     "connect",
+    "count_jobs",
     "create_worker",
     "cron_times",
     "enqueue",
@@ -76,8 +82,10 @@ __all__ = [
     "get_job",
     "list_all_jobs",
     "list_jobs",
+    "list_orgs",
     "next_cron_time",
     "parse_field",
     "retry_job",
+    "scan_jobs",
     "upgrade",
 ]

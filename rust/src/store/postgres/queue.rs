@@ -12,7 +12,7 @@ use sqlx::Row;
 use super::{pg_text, PostgresStore, Tx};
 use crate::error::{Error, Result};
 use crate::model::*;
-use crate::store::queue::{append_part, job_row, receive_all, JOB_COLS};
+use crate::store::queue::{append_part, job_counts, job_row, receive_all, JOB_COLS};
 use crate::store::{Part, PartReceiver, QueueStore};
 
 /// One `INSERT … SELECT FROM unnest(…)` carries at most this many jobs / bytes of job text.
@@ -908,5 +908,47 @@ impl QueueStore for PostgresStore {
             .await?
             .rows_affected();
         Ok(n > 0)
+    }
+
+    async fn list_orgs(&self, after: Option<&str>, limit: i64) -> Result<Vec<String>> {
+        self.counted(1);
+        Ok(sqlx::query_scalar(
+            "SELECT org FROM gnl_lanes WHERE $1::text IS NULL OR org > $1 ORDER BY org LIMIT $2",
+        )
+        .bind(after)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    async fn count_jobs(
+        &self,
+        org: &str,
+        scan: i64,
+        since_ms: i64,
+        timeout_ms: i64,
+    ) -> Result<JobCounts> {
+        let mut tx = self.begin().await?;
+        self.counted(2);
+        // SET LOCAL: the timeout ends with the transaction, not on the pooled connection.
+        sqlx::query(&format!(
+            "SET LOCAL statement_timeout = {}",
+            timeout_ms.max(1)
+        ))
+        .execute(&mut *tx)
+        .await?;
+        let rows: Vec<(String, Option<i64>, i64)> = sqlx::query_as(
+            "SELECT state, CASE WHEN finished_at >= $2 THEN (finished_at - $2) / 60000 END AS m, \
+                    count(*) \
+             FROM (SELECT state, finished_at FROM gnl_jobs WHERE org = $1 \
+                   ORDER BY seq DESC LIMIT $3) w GROUP BY state, m",
+        )
+        .bind(org)
+        .bind(since_ms)
+        .bind(scan)
+        .fetch_all(&mut *tx)
+        .await?;
+        self.commit(tx).await?;
+        Ok(job_counts(rows))
     }
 }
