@@ -184,7 +184,9 @@ class Guard:
             (b"content-security-policy", CSP.encode()),
             (b"x-content-type-options", b"nosniff"),
             (b"x-frame-options", b"DENY"),
-            (b"referrer-policy", b"no-referrer"),
+            # Not no-referrer: under it Chromium sends "Origin: null" with a form POST,
+            # which the Origin check must refuse.
+            (b"referrer-policy", b"same-origin"),
             (b"cache-control", b"no-store"),
         ]
 
