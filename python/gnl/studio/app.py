@@ -94,7 +94,7 @@ class StudioConfig:
     allowed_hosts: tuple[str, ...] = ()
     org_page: int = 25
     org_scan: int = 1_000
-    list_scan: int = 5_000
+    list_scan: int = 2_000
     timeout_ms: int = 2_000
 
     def hosts(self) -> set[str]:

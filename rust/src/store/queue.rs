@@ -125,6 +125,12 @@ pub async fn scan_jobs(
     scan: i64,
     limit: usize,
 ) -> Result<(Vec<JobRow>, Option<(String, i64)>)> {
+    // Without a filter every job examined is kept: examine no more than a page.
+    let scan = if state.is_none() && typ.is_none() {
+        scan.min(limit as i64)
+    } else {
+        scan
+    };
     let scope = match lane {
         Some(org) => ListScope::Lane {
             org: org.to_string(),
