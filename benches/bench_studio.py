@@ -48,54 +48,30 @@ def org(i: int) -> str:
     return f"org{i % ORGS:05d}"
 
 
+def server_sql(backend: str, sql: str) -> None:
+    """Run ``sql`` on the local Postgres (database postgres) or MySQL server."""
+    if backend == "postgres":
+        cmd = ["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres", "-qc", sql]
+    else:
+        cmd = ["mysql", "-h", "127.0.0.1", "-uroot", "-e", sql]
+    subprocess.run(cmd, check=True)
+
+
 def store_for(backend: str, work: Path) -> str:
     if backend == "sqlite":
         return f"sqlite:///{work}/studio.db"
-    if backend == "postgres":
-        drop_db(backend)
-        subprocess.run(
-            [
-                "psql",
-                "-h",
-                "127.0.0.1",
-                "-U",
-                "postgres",
-                "-d",
-                "postgres",
-                "-qc",
-                f"CREATE DATABASE {DB}",
-            ],
-            check=True,
-        )
-        return f"postgres://postgres@127.0.0.1:5432/{DB}"
     drop_db(backend)
-    subprocess.run(
-        ["mysql", "-h", "127.0.0.1", "-uroot", "-e", f"CREATE DATABASE {DB}"], check=True
-    )
+    server_sql(backend, f"CREATE DATABASE {DB}")
+    if backend == "postgres":
+        return f"postgres://postgres@127.0.0.1:5432/{DB}"
     return f"mysql://root@127.0.0.1:3306/{DB}"
 
 
 def drop_db(backend: str) -> None:
     if backend == "postgres":
-        subprocess.run(
-            [
-                "psql",
-                "-h",
-                "127.0.0.1",
-                "-U",
-                "postgres",
-                "-d",
-                "postgres",
-                "-qc",
-                f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)",
-            ],
-            check=True,
-        )
+        server_sql(backend, f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
     elif backend == "mysql":
-        subprocess.run(
-            ["mysql", "-h", "127.0.0.1", "-uroot", "-e", f"DROP DATABASE IF EXISTS {DB}"],
-            check=True,
-        )
+        server_sql(backend, f"DROP DATABASE IF EXISTS {DB}")
 
 
 async def fill(url: str) -> float:

@@ -404,12 +404,11 @@ impl NativeStore {
             .collect::<PyResult<Vec<_>>>()?;
         let s = self.inner.clone();
         spawn(py, async move {
-            let mut out = Vec::with_capacity(keys.len());
-            for org in &keys {
-                let c = s.count_jobs(org, scan, since_ms, timeout_ms).await?;
-                out.push((c.states, c.scanned, c.finished));
-            }
-            Ok(out)
+            let counts = s.count_jobs_of(&keys, scan, since_ms, timeout_ms).await?;
+            Ok(counts
+                .into_iter()
+                .map(|c| (c.states, c.scanned, c.finished))
+                .collect::<Vec<_>>())
         })
     }
 

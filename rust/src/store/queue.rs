@@ -88,6 +88,21 @@ pub trait QueueStore: Send + Sync {
         since_ms: i64,
         timeout_ms: i64,
     ) -> Result<JobCounts>;
+
+    /// `count_jobs` of each of `orgs`, in order (an engine may answer them in one query).
+    async fn count_jobs_of(
+        &self,
+        orgs: &[String],
+        scan: i64,
+        since_ms: i64,
+        timeout_ms: i64,
+    ) -> Result<Vec<JobCounts>> {
+        let mut out = Vec::with_capacity(orgs.len());
+        for org in orgs {
+            out.push(self.count_jobs(org, scan, since_ms, timeout_ms).await?);
+        }
+        Ok(out)
+    }
 }
 
 /// `count_jobs`'s result from its rows (state, minute since `since_ms` if finished since, jobs).

@@ -13,7 +13,7 @@ on_every_engine! {
         counts_cover_the_latest_jobs_of_a_lane_up_to_the_bound,
         a_bounded_scan_lists_each_match_once_whatever_the_bound,
     ],
-    servers: [],
+    servers: [counts_run_under_the_statement_timeout],
     store_and_url: [],
 }
 
@@ -64,6 +64,19 @@ pub async fn counts_cover_the_latest_jobs_of_a_lane_up_to_the_bound(s: Arc<dyn S
     assert_eq!(c.states, vec![("pending".to_string(), 3)]);
     let c = s.count_jobs("nobody", 100, 0, 5_000).await.unwrap();
     assert_eq!(c, JobCounts::default());
+    // Many at once: the same counts, in the order asked.
+    let orgs: Vec<String> = ["other", "nobody", "c", ""].map(String::from).to_vec();
+    for scan in [3, 100] {
+        let many = s
+            .count_jobs_of(&orgs, scan, now - 120_000, 5_000)
+            .await
+            .unwrap();
+        assert_eq!(many.len(), 4);
+        for (org, got) in orgs.iter().zip(&many) {
+            let one = s.count_jobs(org, scan, now - 120_000, 5_000).await.unwrap();
+            assert_eq!(got, &one, "{org:?} scan {scan}");
+        }
+    }
 }
 
 pub async fn a_bounded_scan_lists_each_match_once_whatever_the_bound(s: Arc<dyn Store>) {
@@ -114,4 +127,19 @@ pub async fn a_bounded_scan_lists_each_match_once_whatever_the_bound(s: Arc<dyn 
         .unwrap();
     assert!(rows.is_empty());
     assert!(next.is_some());
+}
+
+pub async fn counts_run_under_the_statement_timeout(s: Arc<dyn Store>) {
+    let jobs: Vec<NewJob> = (0..100_000).map(|i| job("big", &format!("{i}"))).collect();
+    s.enqueue(&jobs).await.unwrap();
+    // 100,000 rows cannot be counted in 1 ms: the server cuts the query off.
+    let err = s.count_jobs("big", 100_000, 0, 1).await;
+    assert!(err.is_err(), "not cut off: {err:?}");
+    let err = s.count_jobs_of(&["big".into()], 100_000, 0, 1).await;
+    assert!(err.is_err(), "not cut off: {err:?}");
+    // The timeout stays with its query: the pool's connections count as before.
+    for _ in 0..12 {
+        let c = s.count_jobs("big", 100_000, 0, 60_000).await.unwrap();
+        assert_eq!(c.scanned, 100_000);
+    }
 }
