@@ -9,7 +9,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.deps-stamp
 
-.PHONY: demo test build deps services lint docs bench clean
+.PHONY: demo test build deps services browser lint docs bench clean
 
 $(STAMP): requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -19,9 +19,10 @@ $(STAMP): requirements-dev.txt
 
 deps: $(STAMP)
 
-# maturin develop: builds the native module (release) and installs gnl (editable) + its deps.
+# maturin develop: builds the native module (release) and installs gnl (editable) + its deps,
+# the studio extra included.
 build: deps
-	$(VENV)/bin/maturin develop --release --quiet
+	$(VENV)/bin/maturin develop --release --quiet --extras studio
 
 demo: build
 	$(VENV)/bin/gnl demo
@@ -29,7 +30,14 @@ demo: build
 services:
 	./scripts/services.sh
 
-test: build services lint docs
+# Studio's browser tests drive Debian's Chromium (Playwright with executable_path, no browser
+# download): installed here when /usr/bin/chromium is missing (sudo unless root).
+browser:
+	@test -x /usr/bin/chromium || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; }
+
+test: build services browser lint docs
 	cargo test --quiet
 	$(PY) -m pytest -q
 

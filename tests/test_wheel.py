@@ -117,9 +117,13 @@ def test_wheel_is_abi3_manylinux_and_carries_the_demo_csv(wheel: Path) -> None:
         assert "gnl/_native.abi3.so" in names
         assert "gnl/demo_data/airports.csv" in names
         assert z.read("gnl/demo_data/airports.csv") == PACKAGED_CSV.read_bytes()
+        # Studio's templates and vendored files are package data too.
+        for f in ("static/htmx.min.js", "static/htmx.LICENSE", "templates/base.html"):
+            assert f"gnl/studio/{f}" in names, f
         metadata = z.read(f"gnl-{m.group(1)}.dist-info/METADATA").decode()
         wheel_info = z.read(f"gnl-{m.group(1)}.dist-info/WHEEL").decode()
     assert "Requires-Python: >=3.10" in metadata
+    assert "Provides-Extra: studio" in metadata
     assert f"Tag: cp310-abi3-{m.group(2)}" in wheel_info
 
 

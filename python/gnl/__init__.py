@@ -40,16 +40,20 @@ from .errors import (
 )
 from .queue import (
     JSON,
+    JobCounts,
     JobInfo,
     JobSpec,
     Page,
     cancel_job,
+    count_jobs,
     enqueue,
     enqueue_many,
     get_job,
     list_all_jobs,
     list_jobs,
+    list_orgs,
     retry_job,
+    scan_jobs,
 )
 from .signal import RevocationSignal
 from .storage import Journal, Storage, WorkStore, connect, upgrade
@@ -59,6 +63,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CronError",
+    "JobCounts",
     "DrainResult",
     "ExecutionRevokedError",
     "Gnl",
@@ -95,6 +100,7 @@ __all__ = [
     "claim",
     "connect",
     "create_gnl",
+    "count_jobs",
     "create_worker",
     "create_workflow_waker",
     "cron_times",
@@ -105,9 +111,11 @@ __all__ = [
     "list_all_jobs",
     "list_jobs",
     "list_runs",
+    "list_orgs",
     "next_cron_time",
     "parse_field",
     "resolve_step",
     "retry_job",
+    "scan_jobs",
     "upgrade",
 ]

@@ -1,7 +1,7 @@
 """The ``gnl`` command line (API.md "Command line and Studio").
 
 ``gnl upgrade URL`` · ``gnl demo`` · ``gnl jobs list|show|retry|cancel`` ·
-``gnl runs list|show|resolve``. Every command takes
+``gnl runs list|show|resolve`` · ``gnl studio URL``. Every command takes
 ``--url`` or the ``GNL_URL`` environment variable. An error from gnl prints one line on stderr
 and exits with code 2; a command that finds nothing to do (an unknown job, a job that is not
 dead) exits with code 1.
@@ -581,6 +581,85 @@ def runs_resolve(
     if not _run(go):
         _fail(f"step {step!r} (call {n}) of run {run_id!r} is not an unresolved intent", 1)
     click.echo(f"step {step!r} (call {n}) of run {run_id!r} resolved; resume the run")
+# -- studio ---------------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("url_arg", metavar="URL", required=False)
+@_url_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="The address to bind.")
+@click.option("--port", default=8484, show_default=True, type=click.IntRange(1, 65535))
+@click.option(
+    "--token",
+    envvar="GNL_STUDIO_TOKEN",
+    metavar="T",
+    help="The viewer token: it reads (or set GNL_STUDIO_TOKEN).",
+)
+@click.option(
+    "--admin-token",
+    envvar="GNL_STUDIO_ADMIN_TOKEN",
+    metavar="T",
+    help="The admin token: it reads and acts (or set GNL_STUDIO_ADMIN_TOKEN).",
+)
+@click.option("--show-payloads", is_flag=True, help="Show payloads and results to viewers.")
+@click.option(
+    "--audit-log",
+    metavar="PATH",
+    default=None,
+    help="The audit log (JSON lines); default ~/.local/state/gnl/studio-audit.jsonl.",
+)
+@click.option(
+    "--allow-host",
+    "allow_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="Another Host name to accept (behind a reverse proxy); repeatable.",
+)
+def studio(
+    url_arg: str | None,
+    url: str | None,
+    host: str,
+    port: int,
+    token: str | None,
+    admin_token: str | None,
+    show_payloads: bool,
+    audit_log: str | None,
+    allow_hosts: tuple[str, ...],
+) -> None:
+    """Serve Studio, the web dashboard of the store at URL (needs ``pip install gnl[studio]``).
+
+    It binds 127.0.0.1 unless --host says otherwise, and refuses any other address without a
+    token. With no token, everyone who can reach the loopback address is admin.
+    """
+    target = _need_store(url_arg or url)
+    try:
+        from .studio import serve
+        from .studio.security import Tokens, is_loopback
+    except ImportError as e:
+        _fail(f"gnl studio needs the studio extra (pip install 'gnl[studio]'): {e}")
+    if not is_loopback(host) and not (token or admin_token):
+        _fail(
+            f"refusing to serve Studio on {host} without a token: pass --token "
+            "(viewer) and/or --admin-token, or bind 127.0.0.1"
+        )
+    try:
+        tokens = Tokens(token, admin_token)
+    except ValueError as e:
+        _fail(str(e))
+    try:
+        serve(
+            target,
+            host=host,
+            port=port,
+            tokens=tokens,
+            show_payloads=show_payloads,
+            audit_path=audit_log,
+            allowed_hosts=allow_hosts,
+        )
+    except gnl.GnlError as e:
+        _fail(f"{type(e).__name__}: {e}")
+    except OSError as e:
+        _fail(f"cannot serve on {host}:{port}: {e}")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -13,20 +13,25 @@ from typing import Any, Generic, TypeVar
 
 from . import _native
 from ._time import check_int
+from .errors import InvalidArgumentError
 from .storage import Storage, WorkStore, native_of
 
 __all__ = [
     "JSON",
+    "JobCounts",
     "JobInfo",
     "JobSpec",
     "Page",
     "cancel_job",
+    "count_jobs",
     "enqueue",
     "enqueue_many",
     "get_job",
     "list_all_jobs",
     "list_jobs",
+    "list_orgs",
     "retry_job",
+    "scan_jobs",
 ]
 
 #: A JSON value: dict with str keys, list, str, int, float, bool or None.
@@ -95,6 +100,12 @@ class JobInfo:
     run_at: int
     finished_at: int | None
 
+    @property
+    def run_id(self) -> str:
+        """The job's durable run id: its handler's ``ctx.run_id``, the same across reclaims
+        and retries."""
+        return _native.job_run_id(self.org_id, self.id)
+
 
 @dataclass(frozen=True, slots=True)
 class Page(Generic[T]):
@@ -107,6 +118,28 @@ class Page(Generic[T]):
 
     items: list[T]
     next_cursor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobCounts:
+    """One organization's latest jobs counted (:func:`count_jobs`). Bounded: the counts are
+    exact only when ``complete``; else they are those of the latest ``scanned`` jobs.
+
+    Attributes:
+        org_id: The organization, or None (jobs without organization).
+        states: Jobs by state among those examined (states with none are left out).
+        scanned: Jobs examined: the organization's latest, at most the scan bound.
+        complete: True when ``scanned`` is below the bound, so every job was counted.
+        finished_per_minute: Jobs among those examined that finished (done, dead or
+            canceled) in each minute of the window, oldest minute first; each entry is a
+            dict state -> jobs.
+    """
+
+    org_id: str | None
+    states: dict[str, int]
+    scanned: int
+    complete: bool
+    finished_per_minute: list[dict[str, int]]
 
 
 def _job_info(raw: _native.RawJob) -> JobInfo:
@@ -298,3 +331,117 @@ async def cancel_job(
     return await native_of(work).cancel_job(
         _opt_str(org_id, "org_id"), job_id, _opt_str(reason, "reason")
     )
+
+
+async def list_orgs(
+    work: WorkStore | Storage, *, limit: int = 100, after: str | None = None
+) -> list[str | None]:
+    """Organizations that have jobs (or had), in name order, a page at a time.
+
+    The no-organization lane, when it exists, comes first as None. One bounded query.
+
+    Args:
+        limit: At most this many, 1 to 10,000.
+        after: Only names after this one: the last of the previous page (``""`` when that
+            was the no-organization lane); None: from the start.
+
+    Raises:
+        InvalidArgumentError: a bad limit.
+    """
+    check_int(limit, "limit", 1, 10_000)
+    # None after a page: the no-organization lane sorts first as "".
+    return await native_of(work).list_orgs(_opt_str(after, "after"), limit)
+
+
+async def count_jobs(
+    work: WorkStore | Storage,
+    org_ids: Iterable[str | None],
+    *,
+    scan: int = 1_000,
+    window_ms: int = 3_600_000,
+    timeout_ms: int = 5_000,
+) -> list[JobCounts]:
+    """Count each organization's latest jobs by state, and those that finished recently.
+
+    Bounded: each organization costs one query that reads at most its ``scan`` latest jobs
+    along the lane's key, never a count of the whole table; a figure is an estimate (a
+    lower bound) when ``JobCounts.complete`` is False.
+
+    Args:
+        org_ids: The organizations (None: jobs without organization), at most 1,000.
+        scan: Jobs examined per organization, 1 to 100,000.
+        window_ms: ``finished_per_minute`` covers the last ``window_ms`` (store clock), one
+            entry per minute, 60,000 to 86,400,000.
+        timeout_ms: Each query is cut off after this long (Postgres ``statement_timeout``,
+            MySQL ``max_execution_time``, MariaDB ``max_statement_time``; SQLite has none:
+            ``scan`` bounds it), 1 to 600,000.
+
+    Returns:
+        One :class:`JobCounts` per organization, in order.
+
+    Raises:
+        InvalidArgumentError: a bad bound or organization.
+        GnlError: a query ran out of time (Postgres, MySQL).
+    """
+    orgs = [_opt_str(o, "org_id") for o in org_ids]
+    if len(orgs) > 1_000:
+        raise InvalidArgumentError(f"at most 1000 organizations per call, got {len(orgs)}")
+    check_int(scan, "scan", 1, 100_000)
+    check_int(window_ms, "window_ms", 60_000, 86_400_000)
+    check_int(timeout_ms, "timeout_ms", 1, 600_000)
+    native = native_of(work)
+    now = await native.now_ms()
+    minutes = window_ms // 60_000
+    since = now - minutes * 60_000
+    raw = await native.count_jobs(orgs, scan, since, timeout_ms)
+    out = []
+    for org, (states, scanned, finished) in zip(orgs, raw, strict=True):
+        per_minute: list[dict[str, int]] = [{} for _ in range(minutes)]
+        for minute, state, n in finished:
+            if 0 <= minute < minutes:
+                per_minute[minute][state] = per_minute[minute].get(state, 0) + n
+        out.append(JobCounts(org, dict(states), scanned, scanned < scan, per_minute))
+    return out
+
+
+async def scan_jobs(
+    work: WorkStore | Storage,
+    *,
+    org_id: str | None = None,
+    state: str | None = None,
+    type: str | None = None,
+    limit: int = 50,
+    scan: int = 5_000,
+    cursor: str | None = None,
+) -> Page[JobInfo]:
+    """A filtered listing over every organization (or one), bounded per page.
+
+    Lists in :func:`list_all_jobs` order (jobs without organization first, then each lane in
+    name order, each in enqueue order), fixed at its first page like it. Each page examines at
+    most ``scan`` jobs along the key and returns those matching the filters, so a page may
+    hold fewer than ``limit`` jobs, even none, while ``next_cursor`` says more are left:
+    however rare the matches, no page reads more than ``scan`` jobs.
+
+    Args:
+        org_id: Only this organization; None: every organization; ``""``: only jobs without
+            organization.
+        state: Only jobs in this state.
+        type: Only jobs of this type.
+        limit: At most this many jobs per page, 1 to 10,000.
+        scan: At most this many jobs examined per page, 1 to 100,000 (and >= ``limit``).
+        cursor: ``next_cursor`` of the previous page (same filters).
+
+    Raises:
+        InvalidArgumentError: a bad state, limit or scan, or a cursor from another listing.
+    """
+    check_int(limit, "limit", 1, 10_000)
+    check_int(scan, "scan", limit, 100_000)
+    raw, nxt = await native_of(work).scan_jobs(
+        _opt_str(org_id, "org_id"),
+        _opt_str(state, "state"),
+        _opt_str(type, "type"),
+        limit,
+        scan,
+        _opt_str(cursor, "cursor"),
+    )
+    return Page([_job_info(r) for r in raw], nxt)

@@ -76,6 +76,10 @@ class Storage:
         """
         return await self._native.now_ms()
 
+    async def schema_version(self) -> int | None:
+        """The schema version the store is at (None: it has no gnl schema yet)."""
+        return await self._native.schema_version()
+
     async def close(self) -> None:
         """Close the pool. Idempotent."""
         if not self._closed:

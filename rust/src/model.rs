@@ -490,6 +490,19 @@ pub struct ListQuery {
     pub limit: i64,
 }
 
+/// Counts of one organization's latest jobs (`QueueStore::count_jobs`): bounded, so a figure
+/// is exact only when `scanned` is below the scan bound.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JobCounts {
+    /// (state, jobs) among the jobs examined, in state name order.
+    pub states: Vec<(String, i64)>,
+    /// Jobs examined: the organization's latest, at most the scan bound.
+    pub scanned: i64,
+    /// (minute, state, jobs) of the examined jobs that finished at or after `since_ms`:
+    /// minute 0 starts at `since_ms`.
+    pub finished: Vec<(i64, String, i64)>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

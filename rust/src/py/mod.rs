@@ -367,6 +367,121 @@ impl NativeStore {
         })
     }
 
+    /// The store's schema version (None: no schema yet).
+    fn schema_version<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let s = self.inner.clone();
+        spawn(py, async move { s.schema_version().await })
+    }
+
+    /// Organizations in name order after `after` (`None` in the result: no organization).
+    #[pyo3(signature = (after, limit))]
+    fn list_orgs<'py>(
+        &self,
+        py: Python<'py>,
+        after: Option<String>,
+        limit: i64,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let s = self.inner.clone();
+        spawn(py, async move {
+            let orgs = s.list_orgs(after.as_deref(), limit).await?;
+            Ok(orgs.into_iter().map(org_opt).collect::<Vec<_>>())
+        })
+    }
+
+    /// `count_jobs` of each of `orgs` (None: no organization), in order; each is
+    /// `(states [(state, n)], scanned, finished [(minute, state, n)])`.
+    #[pyo3(signature = (orgs, scan, since_ms, timeout_ms))]
+    fn count_jobs<'py>(
+        &self,
+        py: Python<'py>,
+        orgs: Vec<Option<String>>,
+        scan: i64,
+        since_ms: i64,
+        timeout_ms: i64,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let keys = orgs
+            .iter()
+            .map(|o| org_key(o.as_deref()))
+            .collect::<PyResult<Vec<_>>>()?;
+        let s = self.inner.clone();
+        spawn(py, async move {
+            let counts = s.count_jobs_of(&keys, scan, since_ms, timeout_ms).await?;
+            Ok(counts
+                .into_iter()
+                .map(|c| (c.states, c.scanned, c.finished))
+                .collect::<Vec<_>>())
+        })
+    }
+
+    /// One page of a bounded scan (`store::scan_jobs`): `org_id` None scans every lane, `""`
+    /// the jobs without organization. Returns `(jobs, next_cursor)`.
+    #[pyo3(signature = (org_id, state, r#type, limit, scan, cursor))]
+    #[allow(clippy::too_many_arguments)]
+    fn scan_jobs<'py>(
+        &self,
+        py: Python<'py>,
+        org_id: Option<&str>,
+        state: Option<&str>,
+        r#type: Option<&str>,
+        limit: i64,
+        scan: i64,
+        cursor: Option<&str>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        if let Some(st) = state {
+            if !STATES.contains(&st) {
+                return Err(InvalidArgumentError::new_err(format!(
+                    "state must be one of {}, got {st:?}",
+                    STATES.join(", ")
+                )));
+            }
+        }
+        let lane = match org_id {
+            None => None,
+            Some("") => Some(String::new()),
+            Some(o) => Some(org_key(Some(o))?),
+        };
+        let filters: Vec<Option<String>> = vec![
+            org_id.map(String::from),
+            state.map(String::from),
+            r#type.map(String::from),
+        ];
+        let decoded = cursor
+            .map(|c| Cursor::decode(c, "scan_jobs", &filters))
+            .transpose()
+            .map_err(to_py)?;
+        let state = state.map(String::from);
+        let typ = r#type.map(String::from);
+        let s = self.inner.clone();
+        spawn(py, async move {
+            let snapshot = match &decoded {
+                Some(c) => c.s,
+                None => s.max_seq().await?,
+            };
+            let after = decoded.as_ref().map(|c| (c.o.clone(), c.q));
+            let (rows, next) = store::scan_jobs(
+                s.as_ref(),
+                lane.as_deref(),
+                state.as_deref(),
+                typ.as_deref(),
+                snapshot,
+                after,
+                scan,
+                limit as usize,
+            )
+            .await?;
+            let next = next.map(|(o, q)| {
+                Cursor {
+                    f: "scan_jobs".into(),
+                    k: filters,
+                    s: snapshot,
+                    o,
+                    q,
+                }
+                .encode()
+            });
+            Ok((rows.into_iter().map(RawJob::from).collect::<Vec<_>>(), next))
+        })
+    }
     fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let s = self.inner.clone();
         spawn(py, async move {

@@ -32,8 +32,8 @@ pub mod url;
 
 pub use journal::JournalStore;
 pub use queue::{
-    append_part, claim, enqueue, enqueue_parts, finish, receive_all, renew, Part, PartReceiver,
-    PartSender, QueueStore,
+    append_part, claim, enqueue, enqueue_parts, finish, receive_all, renew, scan_jobs, Part,
+    PartReceiver, PartSender, QueueStore,
 };
 
 /// The engine's base: what every subsystem's store shares (its backend, clock, schema and

@@ -10,7 +10,8 @@ use async_trait::async_trait;
 use super::again_on_deadlock;
 use crate::error::{Error, Result};
 use crate::model::{
-    ClaimRequest, ClaimedJob, JobBatch, JobRow, LeaseRef, ListQuery, NewJob, Outcome, RenewStatus,
+    ClaimRequest, ClaimedJob, JobBatch, JobCounts, JobRow, LeaseRef, ListQuery, ListScope, NewJob,
+    Outcome, RenewStatus,
 };
 
 /// How often a call that writes anyway (outcomes, a claim without the empty-poll read) also
@@ -151,6 +152,118 @@ pub trait QueueStore: Send + Sync {
     async fn retry_job(&self, org: &str, id: &str) -> Result<bool>;
     /// pending -> canceled; running -> cancel requested; false for finished or unknown jobs.
     async fn cancel_job(&self, org: &str, id: &str, reason: Option<&str>) -> Result<bool>;
+
+    /// Organizations that have (or had) jobs, `""` (no organization) included, in name
+    /// order, strictly after `after` (None: from the first), at most `limit`. Reads the lanes'
+    /// key: one bounded query.
+    async fn list_orgs(&self, after: Option<&str>, limit: i64) -> Result<Vec<String>>;
+
+    /// Counts by state of organization `org`'s latest `scan` jobs (at most), and of those that
+    /// finished at or after `since_ms`, by minute: one query along the lane's key, bounded by
+    /// `scan`, cut off after `timeout_ms` on the servers (Postgres `statement_timeout`, MySQL
+    /// `max_execution_time`, MariaDB `max_statement_time`; SQLite has no statement timeout:
+    /// the scan bound is its limit).
+    async fn count_jobs(
+        &self,
+        org: &str,
+        scan: i64,
+        since_ms: i64,
+        timeout_ms: i64,
+    ) -> Result<JobCounts>;
+
+    /// `count_jobs` of each of `orgs`, in order (an engine may answer them in one query).
+    async fn count_jobs_of(
+        &self,
+        orgs: &[String],
+        scan: i64,
+        since_ms: i64,
+        timeout_ms: i64,
+    ) -> Result<Vec<JobCounts>> {
+        let mut out = Vec::with_capacity(orgs.len());
+        for org in orgs {
+            out.push(self.count_jobs(org, scan, since_ms, timeout_ms).await?);
+        }
+        Ok(out)
+    }
+}
+
+/// `count_jobs`'s result from its rows (state, minute since `since_ms` if finished since, jobs).
+pub(crate) fn job_counts(rows: Vec<(String, Option<i64>, i64)>) -> JobCounts {
+    let mut c = JobCounts::default();
+    for (state, minute, n) in rows {
+        c.scanned += n;
+        match c.states.iter_mut().find(|(s, _)| *s == state) {
+            Some(e) => e.1 += n,
+            None => c.states.push((state.clone(), n)),
+        }
+        if let Some(m) = minute {
+            c.finished.push((m, state, n));
+        }
+    }
+    c.states.sort();
+    c.finished.sort();
+    c
+}
+
+/// A bounded, filtered listing: examine at most `scan` jobs after `after` in listing order
+/// (`lane` Some: that lane in enqueue order; None: every lane, as `ListScope::All`), up to
+/// `snapshot`, and keep those of `state` and `typ` (None: any), at most `limit`. Returns the
+/// jobs kept and the position to go on from (None: nothing is left to examine). A page can
+/// hold fewer than `limit` jobs (even none) while more are left: the scan bound keeps every
+/// page one bounded read along the key, however rare the matches.
+#[allow(clippy::too_many_arguments)]
+pub async fn scan_jobs(
+    store: &(impl QueueStore + ?Sized),
+    lane: Option<&str>,
+    state: Option<&str>,
+    typ: Option<&str>,
+    snapshot: i64,
+    after: Option<(String, i64)>,
+    scan: i64,
+    limit: usize,
+) -> Result<(Vec<JobRow>, Option<(String, i64)>)> {
+    // Without a filter every job examined is kept: examine no more than a page.
+    let scan = if state.is_none() && typ.is_none() {
+        scan.min(limit as i64)
+    } else {
+        scan
+    };
+    let scope = match lane {
+        Some(org) => ListScope::Lane {
+            org: org.to_string(),
+            state: None,
+            typ: None,
+        },
+        None => ListScope::All,
+    };
+    let rows = store
+        .list_jobs(&ListQuery {
+            scope,
+            snapshot,
+            after,
+            limit: scan,
+        })
+        .await?;
+    let full = rows.len() as i64 >= scan;
+    let n = rows.len();
+    let mut kept = Vec::new();
+    let mut next = None;
+    for (i, r) in rows.into_iter().enumerate() {
+        let pos = (r.org.clone(), r.seq);
+        let keep = state.is_none_or(|s| r.state == s) && typ.is_none_or(|t| r.typ == t);
+        let last = i + 1 == n;
+        if keep {
+            kept.push(r);
+            if kept.len() >= limit {
+                next = (!last || full).then_some(pos);
+                break;
+            }
+        }
+        if last && full {
+            next = Some(pos);
+        }
+    }
+    Ok((kept, next))
 }
 
 /// `QueueStore::enqueue_batch`, run again when the server aborted it to break a deadlock (see

@@ -12,7 +12,7 @@ use sqlx::Row;
 use super::{is_syntax_error, opt_text, plan, text, MysqlStore, Sql};
 use crate::error::{Error, Result};
 use crate::model::*;
-use crate::store::queue::{marks, orgs_in_turn, JOB_COLS};
+use crate::store::queue::{job_counts, marks, orgs_in_turn, JOB_COLS};
 use crate::store::QueueStore;
 
 /// The most jobs one claim takes.
@@ -986,5 +986,61 @@ impl QueueStore for MysqlStore {
         .await?
         .rows_affected();
         Ok(n > 0)
+    }
+
+    async fn list_orgs(&self, after: Option<&str>, limit: i64) -> Result<Vec<String>> {
+        self.counted(1);
+        let rows = sqlx::query(
+            "SELECT org FROM gnl_lanes WHERE ? IS NULL OR org > ? ORDER BY org LIMIT ?",
+        )
+        .bind(after.map(str::as_bytes))
+        .bind(after.map(str::as_bytes))
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.iter().map(|r| text(r, 0)).collect())
+    }
+
+    async fn count_jobs(
+        &self,
+        org: &str,
+        scan: i64,
+        since_ms: i64,
+        timeout_ms: i64,
+    ) -> Result<JobCounts> {
+        self.counted(2);
+        let mut conn = self.pool.acquire().await?;
+        // MySQL reads the MAX_EXECUTION_TIME hint (ms); MariaDB ignores it and takes
+        // SET STATEMENT max_statement_time (s) instead, which MySQL does not parse.
+        let version: String = sqlx::query_scalar("SELECT VERSION()")
+            .fetch_one(&mut *conn)
+            .await?;
+        let ms = timeout_ms.max(1);
+        let prefix = if version.to_ascii_lowercase().contains("mariadb") {
+            format!(
+                "SET STATEMENT max_statement_time = {:.3} FOR ",
+                ms as f64 / 1000.0
+            )
+        } else {
+            String::new()
+        };
+        let rows = sqlx::query(&format!(
+            "{prefix}SELECT /*+ MAX_EXECUTION_TIME({ms}) */ state, \
+                    CASE WHEN finished_at >= ? THEN (finished_at - ?) DIV 60000 END AS m, \
+                    count(*) \
+             FROM (SELECT state, finished_at FROM gnl_jobs FORCE INDEX (gnl_jobs_lane_seq) \
+                   WHERE org = ? ORDER BY seq DESC LIMIT ?) w GROUP BY state, m"
+        ))
+        .bind(since_ms)
+        .bind(since_ms)
+        .bind(org.as_bytes())
+        .bind(scan)
+        .fetch_all(&mut *conn)
+        .await?;
+        Ok(job_counts(
+            rows.iter()
+                .map(|r| (text(r, 0), r.get::<Option<i64>, _>(1), r.get::<i64, _>(2)))
+                .collect(),
+        ))
     }
 }

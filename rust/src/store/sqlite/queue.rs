@@ -11,7 +11,7 @@ use sqlx::{Arguments, Row};
 use super::{SqliteStore, Tx};
 use crate::error::{Error, Result};
 use crate::model::*;
-use crate::store::queue::{job_row, marks, orgs_in_turn, JOB_COLS};
+use crate::store::queue::{job_counts, job_row, marks, orgs_in_turn, JOB_COLS};
 use crate::store::QueueStore;
 
 /// Whether a lane of one of `types` has a due job: a lane in the turn, or a waiting lane whose
@@ -683,5 +683,38 @@ impl QueueStore for SqliteStore {
         .rows_affected();
         self.commit(tx).await?;
         Ok(n > 0)
+    }
+
+    async fn list_orgs(&self, after: Option<&str>, limit: i64) -> Result<Vec<String>> {
+        self.counted(1);
+        Ok(sqlx::query_scalar(
+            "SELECT org FROM gnl_lanes WHERE ?1 IS NULL OR org > ?1 ORDER BY org LIMIT ?2",
+        )
+        .bind(after)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    async fn count_jobs(
+        &self,
+        org: &str,
+        scan: i64,
+        since_ms: i64,
+        _timeout_ms: i64,
+    ) -> Result<JobCounts> {
+        self.counted(1);
+        let rows: Vec<(String, Option<i64>, i64)> = sqlx::query_as(
+            "SELECT state, CASE WHEN finished_at >= ?2 THEN (finished_at - ?2) / 60000 END AS m, \
+                    count(*) \
+             FROM (SELECT state, finished_at FROM gnl_jobs WHERE org = ?1 \
+                   ORDER BY seq DESC LIMIT ?3) GROUP BY state, m",
+        )
+        .bind(org)
+        .bind(since_ms)
+        .bind(scan)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(job_counts(rows))
     }
 }
