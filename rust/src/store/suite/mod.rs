@@ -53,6 +53,7 @@ macro_rules! on_every_engine {
 
 pub(crate) mod journal;
 pub(crate) mod queue;
+pub(crate) mod triggers;
 
 /// The engines.
 #[derive(Debug, Clone, Copy)]
