@@ -51,6 +51,17 @@ from .queue import (
     list_jobs,
     retry_job,
 )
+from .scheduler import (
+    PollResult,
+    Runner,
+    Scheduler,
+    TriggerInfo,
+    create_scheduler,
+    list_triggers,
+    poll_scheduler,
+    schedule_workflow,
+    unschedule,
+)
 from .signal import RevocationSignal
 from .storage import Journal, Storage, WorkStore, connect, upgrade
 from .worker import DrainResult, Handler, JobContext, Worker, create_worker
@@ -58,6 +69,15 @@ from .worker import DrainResult, Handler, JobContext, Worker, create_worker
 __version__ = "0.1.0"
 
 __all__ = [
+    "unschedule",
+    "schedule_workflow",
+    "poll_scheduler",
+    "list_triggers",
+    "create_scheduler",
+    "TriggerInfo",
+    "Scheduler",
+    "Runner",
+    "PollResult",
     "CronError",
     "DrainResult",
     "ExecutionRevokedError",
