@@ -54,6 +54,7 @@ async def test_a_cron_trigger_fires_each_slot_once_with_its_slot(storage: gnl.St
     t = await trigger(storage, "wf")
     assert (t.kind, t.spec, t.state, t.fire_count) == ("cron", "*/5 * * * *", "pending", 0)
     first = _native.next_cron_time("*/5 * * * *", T0 + 1)
+    assert first is not None
     assert t.next_run_at == first
     r = Recorder()
     # Not due yet.
