@@ -97,7 +97,9 @@ def test_three_pollers_fire_each_of_1000_slots_once(
     store_url: Callable[[], str], tmp_path: Path
 ) -> None:
     url = store_url()
-    asyncio.run(register(url, [1_000 + i for i in range(1_000)]))
+    # Due together, once every poller has started.
+    at = asyncio.run(store_now(url)) + 15_000
+    asyncio.run(register(url, [at + i for i in range(1_000)]))
     with pollers(tmp_path, url) as spawn:
         for _ in range(3):
             spawn()
