@@ -19,11 +19,11 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
+import subprocess
 import time
 from typing import Any
 
 import _common as c
-import _servers as s
 import gnl
 from gnl import _native
 
@@ -32,6 +32,38 @@ FIRE = c.env_int("FIRE", 10_000)
 IDLE = c.env_int("IDLE", 100_000)
 POLLS = c.env_int("POLLS", 200)
 DAY = 86_400_000
+
+
+# Servers through their command-line clients (the bench needs no Python driver): a Postgres
+# schema or a MySQL database per store, dropped at the end.
+PG = os.environ.get("PG_URL", "postgres://postgres@127.0.0.1:5432/test")
+MY = os.environ.get("MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
+
+
+def sql(backend: str, text: str) -> None:
+    if backend == "postgres":
+        subprocess.run(["psql", PG, "-qc", text], check=True, capture_output=True)
+    else:
+        subprocess.run(
+            ["mysql", "-h127.0.0.1", "-uroot", "-e", text], check=True, capture_output=True
+        )
+
+
+async def fresh_store(backend: str, name: str, work: c.Workdir) -> str:
+    if backend == "postgres":
+        sql(backend, f"DROP SCHEMA IF EXISTS {name} CASCADE; CREATE SCHEMA {name}")
+        return f"{PG}?options=-c%20search_path%3D{name}"
+    if backend == "mysql":
+        sql(backend, f"DROP DATABASE IF EXISTS {name}; CREATE DATABASE {name}")
+        return MY.rsplit("/", 1)[0] + "/" + name
+    return c.sqlite_url(work.fresh(name))
+
+
+async def drop_store(backend: str, name: str) -> None:
+    if backend == "postgres":
+        sql(backend, f"DROP SCHEMA IF EXISTS {name} CASCADE")
+    elif backend == "mysql":
+        sql(backend, f"DROP DATABASE IF EXISTS {name}")
 
 
 class Noop:
@@ -61,7 +93,7 @@ async def fill(storage: gnl.Storage, n: int, at: int | None, now: int) -> float:
 
 async def bench_fire(backend: str, work: c.Workdir) -> str:
     name = "gnl_sched_fire"
-    url = await s.fresh_store(backend, name, work)
+    url = await fresh_store(backend, name, work)
     try:
         async with await gnl.connect(url, max_connections=20) as st:
             now = await st.now_ms()
@@ -82,12 +114,12 @@ async def bench_fire(backend: str, work: c.Workdir) -> str:
             f"{anchor:.2f} s; ratio {dt / anchor:.1f}x; set-up {setup:.1f} s"
         )
     finally:
-        await s.drop_store(backend, name)
+        await drop_store(backend, name)
 
 
 async def bench_idle(backend: str, n: int, work: c.Workdir) -> dict[str, Any]:
     name = f"gnl_sched_idle_{n}"
-    url = await s.fresh_store(backend, name, work)
+    url = await fresh_store(backend, name, work)
     try:
         async with await gnl.connect(url, max_connections=20) as st:
             now = await st.now_ms()
@@ -105,12 +137,11 @@ async def bench_idle(backend: str, n: int, work: c.Workdir) -> dict[str, Any]:
         dec = statistics.quantiles(lat, n=10)
         return {"med": statistics.median(lat), "p10": dec[0], "p90": dec[-1], "q": sorted(qs)}
     finally:
-        await s.drop_store(backend, name)
+        await drop_store(backend, name)
 
 
 async def main() -> None:
     c.header("bench_scheduler", anchor=False, FIRE=FIRE, IDLE=IDLE, POLLS=POLLS)
-    await s.print_servers(BACKENDS)
     work = c.Workdir()
     try:
         for backend in BACKENDS:
