@@ -272,3 +272,40 @@ async def test_the_critical_preset_nests_inside_the_fire_lock(storage: gnl.Stora
     res = await gnl.poll_scheduler(storage, g, now_ms=T0 + MIN)
     assert (res.fired, res.failed, res.skipped) == (1, 0, 0)
     assert (await trigger(storage, "wf")).fire_count == 1
+
+
+def test_the_command_line(store_url: Any) -> None:
+    import json
+    import subprocess
+    import sys
+
+    url = store_url()
+
+    async def setup() -> None:
+        async with await gnl.connect(url) as st:
+            await gnl.schedule_workflow(st, "wf", cron="0 3 * * *", now_ms=T0)
+            await gnl.schedule_workflow(st, "wf", id="e", every_ms=5_000, now_ms=T0)
+
+    asyncio.run(setup())
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "gnl", *args], capture_output=True, text=True, timeout=60
+        )
+
+    listed = [
+        json.loads(ln)
+        for ln in cli("triggers", "list", "--url", url, "--json").stdout.split("\n")
+        if ln
+    ]
+    assert [(t["id"], t["kind"], t["spec"]) for t in listed] == [
+        ("e", "every", 5_000),
+        ("wf", "cron", "0 3 * * *"),
+    ]
+    assert "0 3 * * *" in cli("triggers", "list", "--url", url).stdout
+    assert cli("triggers", "unschedule", "e", "--url", url).returncode == 0
+    assert cli("triggers", "unschedule", "e", "--url", url).returncode == 1
+    out = cli("cron", "0 3 * * *", "-n", "3", "--after", "0", "--json")
+    assert json.loads(out.stdout) == _native.cron_times("0 3 * * *", 0, 3)
+    bad = cli("cron", "0 3 * * * *")
+    assert bad.returncode == 2 and "CronError" in bad.stderr
