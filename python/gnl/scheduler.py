@@ -55,6 +55,9 @@ MISFIRE_POLICIES = ("latest", "earliest", "none", "catchup")
 #: Triggers read per statement of a poll.
 _PAGE = 1_000
 
+#: Store calls of one poller's fires at once.
+_IO = 8
+
 #: Backoff of a failed fire: min(1 s * 2^(n-1), 60 s).
 _BACKOFF_BASE_MS = 1_000
 _BACKOFF_MAX_MS = 60_000
@@ -369,6 +372,10 @@ class _Poller:
         self.lock_ttl_ms = lock_ttl_ms
         self.retry_ms = retry_ms
         self.sem = asyncio.Semaphore(concurrency) if concurrency is not None else None
+        # Store calls of the fires in flight at once: a poll that finds 10,000 due triggers
+        # must not queue 10,000 calls on a pool of ten connections (they would time out
+        # waiting for one); runners are not capped by it.
+        self.io = asyncio.Semaphore(_IO)
         self.inflight: dict[str, asyncio.Task[None]] = {}
 
     async def due(self, now_ms: int | None) -> tuple[int, list[_native.RawTrigger]]:
@@ -453,18 +460,21 @@ class _Poller:
                     next_run_at=owed,
                     state="pending" if owed is not None else "done",
                 )
-                await _native.trigger_update(native, r.id, r.version, st, None)
+                async with self.io:
+                    await _native.trigger_update(native, r.id, r.version, st, None)
                 return
             slot = plan.fire
         run_id = f"sched:{r.id}:{r.fire_count}"
         key = f"{run_id}:fire"
-        token = await _native.lock_acquire(native, key, _owner(), self.lock_ttl_ms)
+        async with self.io:
+            token = await _native.lock_acquire(native, key, _owner(), self.lock_ttl_ms)
         if token is None:
             result.skipped += 1
             return
         keeper: _native.RunKeeper | None = None
         try:
-            cur = await _native.trigger_get(native, r.id)
+            async with self.io:
+                cur = await _native.trigger_get(native, r.id)
             if cur is None or cur.version != r.version:
                 result.skipped += 1  # another poller fired it meanwhile
                 return
@@ -527,18 +537,32 @@ class _Poller:
                 result.run_ids.append(run_id)
             finally:
                 done.set()
-            if not await _native.trigger_update(native, r.id, r.version, st, (key, token)):
+            try:
+                async with self.io:
+                    written = await _native.trigger_update(
+                        native, r.id, r.version, st, (key, token)
+                    )
+            except GnlError as e:
+                log.warning(
+                    "gnl scheduler: fire %r ran but its state could not be written (%s); the "
+                    "slot fires again under the same run id",
+                    run_id,
+                    e,
+                )
+                return
+            if not written:
                 log.warning(
                     "gnl scheduler: fire %r lost its fire lock before its state was written; "
                     "the write was discarded (another poller owns the slot)",
                     run_id,
                 )
         finally:
-            if keeper is not None:
-                await keeper.stop()
-            else:
-                with contextlib.suppress(Exception):
-                    await _native.lock_release(native, key, token)
+            async with self.io:
+                if keeper is not None:
+                    await keeper.stop()
+                else:
+                    with contextlib.suppress(Exception):
+                        await _native.lock_release(native, key, token)
 
     def _failed(
         self, r: _native.RawTrigger, now: int, slot: int, base: dict[str, Any], e: BaseException
