@@ -55,6 +55,17 @@ from .queue import (
     retry_job,
     scan_jobs,
 )
+from .scheduler import (
+    PollResult,
+    Runner,
+    Scheduler,
+    TriggerInfo,
+    create_scheduler,
+    list_triggers,
+    poll_scheduler,
+    schedule_workflow,
+    unschedule,
+)
 from .signal import RevocationSignal
 from .storage import Journal, Storage, WorkStore, connect, upgrade
 from .worker import DrainResult, Handler, JobContext, Worker, create_worker
@@ -62,6 +73,15 @@ from .worker import DrainResult, Handler, JobContext, Worker, create_worker
 __version__ = "0.1.0"
 
 __all__ = [
+    "unschedule",
+    "schedule_workflow",
+    "poll_scheduler",
+    "list_triggers",
+    "create_scheduler",
+    "TriggerInfo",
+    "Scheduler",
+    "Runner",
+    "PollResult",
     "CronError",
     "JobCounts",
     "DrainResult",

@@ -217,3 +217,69 @@ def lock_acquire(
     store: NativeStore, key: str, owner: str, ttl_ms: int
 ) -> Awaitable[int | None]: ...
 def lock_release(store: NativeStore, key: str, token: int) -> Awaitable[bool]: ...
+
+# The scheduler (rust/src/py/scheduler.rs).
+class RawTrigger:
+    id: str
+    name: str
+    kind: str
+    spec: str
+    anchor_ms: int
+    misfire: str
+    max_catchup: int | None
+    misfire_grace_ms: int
+    input: str | None
+    max_attempts: int
+    definition: str
+    state: str
+    fire_count: int
+    next_run_at: int | None
+    owed_slot: int | None
+    retry_slot: int | None
+    attempts: int
+    last_error: str | None
+    last_fired_at: int | None
+    last_scheduled_for: int | None
+    missed: int
+    deferrals: int
+    last_deferral_at: int | None
+    version: int
+    created_at: int
+    updated_at: int
+
+# (id, name, kind, spec, anchor_ms, misfire, max_catchup, misfire_grace_ms, input,
+#  max_attempts, definition)
+TriggerDefTuple = tuple[str, str, str, str, int, str, int | None, int, str | None, int, str]
+# (state, fire_count, next_run_at, owed_slot, retry_slot, attempts, last_error, last_fired_at,
+#  last_scheduled_for, missed, deferrals, last_deferral_at)
+TriggerStateTuple = tuple[
+    str,
+    int,
+    int | None,
+    int | None,
+    int | None,
+    int,
+    str | None,
+    int | None,
+    int | None,
+    int,
+    int,
+    int | None,
+]
+
+def trigger_register(
+    store: NativeStore, definition: TriggerDefTuple, initial: TriggerStateTuple
+) -> Awaitable[tuple[bool, RawTrigger]]: ...
+def triggers_due(
+    store: NativeStore, now_ms: int | None, after: tuple[int, str] | None, limit: int
+) -> Awaitable[tuple[int, list[RawTrigger]]]: ...
+def trigger_get(store: NativeStore, id: str) -> Awaitable[RawTrigger | None]: ...
+def list_triggers(store: NativeStore) -> Awaitable[list[RawTrigger]]: ...
+def trigger_update(
+    store: NativeStore,
+    id: str,
+    version: int,
+    state: TriggerStateTuple,
+    fence: tuple[str, int] | None,
+) -> Awaitable[bool]: ...
+def trigger_delete(store: NativeStore, id: str) -> Awaitable[bool]: ...

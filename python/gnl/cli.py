@@ -662,6 +662,83 @@ def studio(
         _fail(f"cannot serve on {host}:{port}: {e}")
 
 
+@cli.group()
+def triggers() -> None:
+    """List and unschedule the scheduler's triggers."""
+
+
+@triggers.command("list")
+@_url_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+def triggers_list(url: str | None, as_json: bool) -> None:
+    """List the registered triggers, by id."""
+    target = _need_store(url)
+
+    async def go() -> list[gnl.TriggerInfo]:
+        async with await _open(target) as storage:
+            return await gnl.list_triggers(storage)
+
+    items = _run(go)
+    if as_json:
+        for t in items:
+            click.echo(json.dumps(asdict(t), ensure_ascii=False))
+        return
+    console = Console()
+    if not items:
+        console.print("no triggers")
+        return
+    table = Table(header_style="bold")
+    for col in ("id", "workflow", "kind", "spec", "state", "fires", "next run (UTC)", "error"):
+        table.add_column(col, no_wrap=col not in ("id", "error"))
+    for t in items:
+        table.add_row(
+            escape(t.id),
+            escape(t.name),
+            t.kind,
+            escape(str(t.spec)),
+            t.state,
+            str(t.fire_count),
+            _when(t.next_run_at),
+            escape(_short(t.last_error)),
+        )
+    console.print(table)
+
+
+@triggers.command("unschedule")
+@click.argument("trigger_id", metavar="ID")
+@_url_option
+def triggers_unschedule(trigger_id: str, url: str | None) -> None:
+    """Remove trigger ID (its runs stay in the journal). Exit code 1 when there is none."""
+    target = _need_store(url)
+
+    async def go() -> bool:
+        async with await _open(target) as storage:
+            return await gnl.unschedule(storage, trigger_id)
+
+    if not _run(go):
+        _fail(f"no trigger {trigger_id!r}", 1)
+    click.echo(f"trigger {trigger_id!r} unscheduled")
+
+
+@cli.command("cron")
+@click.argument("expr", metavar="EXPR")
+@click.option("-n", "count", default=5, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--after", "after_ms", type=int, help="Epoch ms to start after (default: now).")
+@click.option("--json", "as_json", is_flag=True, help="Print the times as one JSON list (ms).")
+def cron_cmd(expr: str, count: int, after_ms: int | None, as_json: bool) -> None:
+    """Print the next fire times of cron expression EXPR (UTC)."""
+    start = after_ms if after_ms is not None else int(datetime.now(timezone.utc).timestamp() * 1000)
+    try:
+        times = gnl.cron_times(expr, start, count)
+    except gnl.CronError as e:
+        _fail(f"CronError: {e}")
+    if as_json:
+        click.echo(json.dumps(times))
+        return
+    for t in times:
+        click.echo(_when(t))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """The ``gnl`` console script."""
     cli.main(args=list(argv) if argv is not None else None, prog_name="gnl")

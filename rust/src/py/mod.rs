@@ -7,6 +7,7 @@ mod errors;
 mod jobs;
 mod journal;
 mod json;
+mod scheduler;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -739,6 +740,7 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(quiesce, m)?)?;
     cron::register(m)?;
     journal::register(m)?;
+    scheduler::register(m)?;
     m.add("SCHEMA_VERSION", store::latest_version("sqlite"))?;
     Ok(())
 }

@@ -4,14 +4,14 @@
 //!   and `open` / `upgrade`. It requires every subsystem's trait, so `Arc<dyn Store>` is the
 //!   whole store.
 //! * `queue.rs`: `QueueStore` (enqueue, claim, outcomes, renewals, listings) and the calls that
-//!   wrap it; `journal.rs`: `JournalStore` (a run's recorded steps).
+//!   wrap it; `journal.rs`: `JournalStore` (a run's recorded steps); `triggers.rs`:
+//!   `TriggerStore` (the scheduler's triggers: definitions, states moved by compare-and-set).
 //! * Each engine is a folder, `sqlite/`, `postgres/`, `mysql/`: its `mod.rs` holds the
 //!   connection, migrations, error and SQL helpers and `impl Store`; one file per subsystem
 //!   holds that subsystem's SQL (`queue.rs`, `journal.rs`); `tests.rs` its own tests.
 //! * `suite/`: the engine suite every engine passes, split the same way (`queue.rs`,
 //!   `journal.rs`), on a fresh database of each engine.
-//! * To come, each a trait beside these and a file in every engine and in the suite:
-//!   `triggers.rs` (`TriggerStore`: cron triggers, fire records, fire locks) and `events.rs`
+//! * To come, a trait beside these and a file in every engine and in the suite: `events.rs`
 //!   (`EventStore`: the event log, consumer cursors, deliveries).
 //! * `url.rs`: store URLs. Migrations: `rust/migrations/<engine>/`.
 
@@ -28,6 +28,7 @@ pub mod queue;
 pub mod sqlite;
 #[cfg(test)]
 pub(crate) mod suite;
+pub mod triggers;
 pub mod url;
 
 pub use journal::JournalStore;
@@ -35,12 +36,13 @@ pub use queue::{
     append_part, claim, enqueue, enqueue_parts, finish, receive_all, renew, scan_jobs, Part,
     PartReceiver, PartSender, QueueStore,
 };
+pub use triggers::TriggerStore;
 
 /// The engine's base: what every subsystem's store shares (its backend, clock, schema and
 /// pool). `Arc<dyn Store>` is the whole store, every subsystem's operations included. All
 /// instants are the store's clock (epoch ms).
 #[async_trait]
-pub trait Store: QueueStore + JournalStore + Send + Sync + 'static {
+pub trait Store: QueueStore + JournalStore + TriggerStore + Send + Sync + 'static {
     /// "sqlite", "postgres" or "mysql".
     fn backend(&self) -> &'static str;
     /// The number of SQL statements sent so far.

@@ -48,6 +48,7 @@ mod journal;
 mod queue;
 #[cfg(test)]
 mod tests;
+mod triggers;
 
 /// How long a call waits for a pooled connection (sqlx retries a refused connection inside
 /// this) before the store counts as unavailable: an outage is reported, and logged by the

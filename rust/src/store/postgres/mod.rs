@@ -41,6 +41,7 @@ mod journal;
 mod queue;
 #[cfg(test)]
 mod tests;
+mod triggers;
 
 /// The oldest server this engine runs on (`server_version_num`).
 const MIN_SERVER_VERSION: i64 = 120_000;

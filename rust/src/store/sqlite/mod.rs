@@ -26,6 +26,7 @@ mod now;
 mod queue;
 #[cfg(test)]
 mod tests;
+mod triggers;
 
 /// The SQLite migrations, embedded. Applied by `migrate`, recorded in `gnl_schema`.
 pub static MIGRATOR: Migrator = sqlx::migrate!("rust/migrations/sqlite");

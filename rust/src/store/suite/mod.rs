@@ -54,6 +54,7 @@ macro_rules! on_every_engine {
 pub(crate) mod journal;
 pub(crate) mod queue;
 pub(crate) mod views;
+pub(crate) mod triggers;
 
 /// The engines.
 #[derive(Debug, Clone, Copy)]

@@ -1,0 +1,311 @@
+"""The scheduler on every backend (API.md "Scheduler"): registration (immutable definition,
+bad input refused with nothing written), polls (run ids, scheduled_for, misfire end to end
+through ``poll_scheduler(now_ms=...)`` with the max_catchup warning), busy deferral versus
+failure with backoff, the fire lock held by another poller, listings and unschedule, and the
+poll loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+import gnl
+from gnl import _native
+
+MIN = 60_000
+T0 = 1_700_000_000_000 - 1_700_000_000_000 % MIN  # a whole minute
+
+
+class Recorder:
+    """A runner that records its calls and does what it is told."""
+
+    def __init__(self, raises: BaseException | None = None, sleep: float = 0) -> None:
+        self.calls: list[dict[str, Any]] = []
+        self.raises = raises
+        self.sleep = sleep
+
+    async def run_workflow(
+        self, name: str, *, run_id: str, input: Any, scheduled_for: int | None, signal: Any
+    ) -> Any:
+        self.calls.append(
+            {"name": name, "run_id": run_id, "input": input, "scheduled_for": scheduled_for}
+        )
+        if self.sleep:
+            await asyncio.sleep(self.sleep)
+        if self.raises is not None:
+            raise self.raises
+        return None
+
+
+async def trigger(storage: gnl.Storage, id: str) -> gnl.TriggerInfo:
+    (t,) = [t for t in await gnl.list_triggers(storage) if t.id == id]
+    return t
+
+
+async def test_a_cron_trigger_fires_each_slot_once_with_its_slot(storage: gnl.Storage) -> None:
+    tid = await gnl.schedule_workflow(
+        storage, "wf", cron="*/5 * * * *", input={"a": 1}, now_ms=T0 + 1
+    )
+    assert tid == "wf"
+    t = await trigger(storage, "wf")
+    assert (t.kind, t.spec, t.state, t.fire_count) == ("cron", "*/5 * * * *", "pending", 0)
+    first = _native.next_cron_time("*/5 * * * *", T0 + 1)
+    assert first is not None
+    assert t.next_run_at == first
+    r = Recorder()
+    # Not due yet.
+    res = await gnl.poll_scheduler(storage, r, now_ms=first - 1)
+    assert (res.fired, r.calls) == (0, [])
+    res = await gnl.poll_scheduler(storage, r, now_ms=first + 10)
+    assert (res.fired, res.run_ids) == (1, ["sched:wf:0"])
+    assert r.calls == [
+        {"name": "wf", "run_id": "sched:wf:0", "input": {"a": 1}, "scheduled_for": first}
+    ]
+    res = await gnl.poll_scheduler(storage, r, now_ms=first + 20)
+    assert res.fired == 0
+    t = await trigger(storage, "wf")
+    assert (t.fire_count, t.last_scheduled_for, t.last_fired_at) == (1, first, first + 10)
+    assert t.next_run_at == first + 5 * MIN
+    res = await gnl.poll_scheduler(storage, r, now_ms=first + 5 * MIN)
+    assert res.run_ids == ["sched:wf:1"]
+
+
+async def test_every_and_at_triggers(storage: gnl.Storage) -> None:
+    await gnl.schedule_workflow(storage, "wf", id="e", every_ms=1_000, now_ms=T0)
+    await gnl.schedule_workflow(storage, "wf", id="a", at=T0 + 500, now_ms=T0)
+    r = Recorder()
+    res = await gnl.poll_scheduler(storage, r, now_ms=T0 + 1_000)
+    assert sorted(res.run_ids) == ["sched:a:0", "sched:e:0"]
+    assert {c["run_id"]: c["scheduled_for"] for c in r.calls} == {
+        "sched:a:0": T0 + 500,
+        "sched:e:0": T0 + 1_000,
+    }
+    a = await trigger(storage, "a")
+    assert (a.state, a.next_run_at, a.fire_count) == ("done", None, 1)
+    res = await gnl.poll_scheduler(storage, r, now_ms=T0 + 2_000)
+    assert res.run_ids == ["sched:e:1"]
+    # A past one-shot fires on the first poll.
+    await gnl.schedule_workflow(storage, "wf", id="past", at=5, now_ms=T0)
+    res = await gnl.poll_scheduler(storage, r, now_ms=T0 + 2_001)
+    assert res.run_ids == ["sched:past:0"]
+
+
+async def test_the_definition_is_immutable(storage: gnl.Storage) -> None:
+    await gnl.schedule_workflow(storage, "wf", cron="0 3 * * *", now_ms=T0)
+    # The same definition again: a no-op (the anchor is the first registration's).
+    await gnl.schedule_workflow(storage, "wf", cron="0 3 * * *", now_ms=T0 + 10 * MIN)
+    with pytest.raises(gnl.TriggerConflictError):
+        await gnl.schedule_workflow(storage, "wf", cron="0 4 * * *")
+    with pytest.raises(gnl.TriggerConflictError):
+        await gnl.schedule_workflow(storage, "wf", cron="0 3 * * *", max_attempts=2)
+    assert (await trigger(storage, "wf")).spec == "0 3 * * *"
+    assert await gnl.unschedule(storage, "wf")
+    assert not await gnl.unschedule(storage, "wf")
+    await gnl.schedule_workflow(storage, "wf", cron="0 4 * * *")
+    assert (await trigger(storage, "wf")).spec == "0 4 * * *"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"cron": "* * * * * *"}, gnl.CronError, "field"),
+        ({"cron": "0 0 30 2 *"}, gnl.CronError, "day-of-month"),
+        ({"every_ms": 0}, gnl.InvalidArgumentError, "every_ms"),
+        ({"at": datetime(2030, 1, 1)}, gnl.InvalidArgumentError, "naive"),
+        ({"cron": "* * * * *", "max_catchup": 3}, gnl.InvalidArgumentError, "max_catchup"),
+        ({"every_ms": "1000"}, TypeError, "every_ms"),
+        ({"cron": "* * * * *", "every_ms": 5}, gnl.InvalidArgumentError, "exactly one"),
+        ({}, gnl.InvalidArgumentError, "exactly one"),
+        ({"cron": "* * * * *", "misfire": "sometimes"}, gnl.InvalidArgumentError, "misfire"),
+        ({"cron": "* * * * *", "max_attempts": 0}, gnl.InvalidArgumentError, "max_attempts"),
+        ({"cron": "* * * * *", "input": object()}, TypeError, "input"),
+        ({"cron": "* * * * *", "id": "x" * 256}, gnl.InvalidArgumentError, "id"),
+    ],
+)
+async def test_bad_input_is_refused_and_nothing_written(
+    storage: gnl.Storage, kwargs: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        await gnl.schedule_workflow(storage, "wf", **kwargs)
+    assert await gnl.list_triggers(storage) == []
+
+
+async def test_misfire_latest_fires_the_last_due_one_and_counts_the_missed(
+    storage: gnl.Storage,
+) -> None:
+    await gnl.schedule_workflow(storage, "wf", cron="* * * * *", now_ms=T0)
+    r = Recorder()
+    res = await gnl.poll_scheduler(storage, r, now_ms=T0 + 10 * MIN + 5)
+    assert res.fired == 1
+    assert r.calls[0]["scheduled_for"] == T0 + 10 * MIN
+    t = await trigger(storage, "wf")
+    assert (t.missed, t.next_run_at) == (9, T0 + 11 * MIN)
+
+
+async def test_misfire_none_fires_nothing_and_logs(
+    storage: gnl.Storage, caplog: pytest.LogCaptureFixture
+) -> None:
+    await gnl.schedule_workflow(storage, "wf", cron="* * * * *", misfire="none", now_ms=T0)
+    r = Recorder()
+    with caplog.at_level(logging.WARNING, logger="gnl"):
+        res = await gnl.poll_scheduler(storage, r, now_ms=T0 + 3 * MIN + 1)
+    assert (res.fired, r.calls) == (0, [])
+    t = await trigger(storage, "wf")
+    assert (t.missed, t.next_run_at) == (3, T0 + 4 * MIN)
+    assert "missed 3" in caplog.text
+
+
+async def test_catchup_fires_one_per_poll_oldest_first_and_max_catchup_warns(
+    storage: gnl.Storage, caplog: pytest.LogCaptureFixture
+) -> None:
+    await gnl.schedule_workflow(
+        storage, "wf", cron="* * * * *", misfire="catchup", max_catchup=2, now_ms=T0
+    )
+    r = Recorder()
+    now = T0 + 5 * MIN + 1
+    with caplog.at_level(logging.WARNING, logger="gnl"):
+        for _ in range(4):
+            await gnl.poll_scheduler(storage, r, now_ms=now)
+    assert [c["scheduled_for"] for c in r.calls] == [T0 + 4 * MIN, T0 + 5 * MIN]
+    warnings = [m for m in caplog.messages if "max_catchup" in m]
+    oldest = datetime.fromtimestamp((T0 + MIN) / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert warnings == [
+        f'trigger "wf": max_catchup=2 skipped 3 missed occurrences, the oldest at {oldest}'
+    ]
+    assert (await trigger(storage, "wf")).missed == 3
+
+
+async def test_a_busy_run_is_a_deferral_not_an_attempt(storage: gnl.Storage) -> None:
+    await gnl.schedule_workflow(storage, "wf", every_ms=MIN, now_ms=T0)
+    busy = Recorder(raises=gnl.RunBusyError("busy", at_lock_acquisition=True))
+    res = await gnl.poll_scheduler(storage, busy, retry_ms=7_000, now_ms=T0 + MIN)
+    assert (res.fired, res.skipped, res.deferred, res.run_ids) == (0, 1, 1, [])
+    t = await trigger(storage, "wf")
+    assert (t.state, t.attempts, t.deferrals, t.last_deferral_at) == ("pending", 0, 1, T0 + MIN)
+    assert t.next_run_at == T0 + MIN + 7_000
+    # The retry keeps the slot and the run id.
+    r = Recorder()
+    res = await gnl.poll_scheduler(storage, r, now_ms=T0 + MIN + 7_000)
+    assert res.run_ids == ["sched:wf:0"]
+    assert r.calls[0]["scheduled_for"] == T0 + MIN
+
+
+async def test_failures_back_off_then_the_trigger_fails(storage: gnl.Storage) -> None:
+    await gnl.schedule_workflow(storage, "wf", every_ms=MIN, max_attempts=3, now_ms=T0)
+    bad = Recorder(raises=RuntimeError("boom"))
+    now = T0 + MIN
+    res = await gnl.poll_scheduler(storage, bad, now_ms=now)
+    assert (res.fired, res.failed) == (1, 1)
+    t = await trigger(storage, "wf")
+    assert (t.attempts, t.last_error, t.next_run_at) == (1, "RuntimeError: boom", now + 1_000)
+    res = await gnl.poll_scheduler(storage, bad, now_ms=now + 1_000)
+    t = await trigger(storage, "wf")
+    assert (t.attempts, t.next_run_at) == (2, now + 1_000 + 2_000)
+    res = await gnl.poll_scheduler(storage, bad, now_ms=now + 3_000)
+    t = await trigger(storage, "wf")
+    assert (t.state, t.attempts, t.next_run_at) == ("failed", 3, None)
+    assert [c["scheduled_for"] for c in bad.calls] == [T0 + MIN] * 3
+    assert {c["run_id"] for c in bad.calls} == {"sched:wf:0"}
+    res = await gnl.poll_scheduler(storage, bad, now_ms=now + 10 * MIN)
+    assert res.fired == 0
+
+
+async def test_a_held_fire_lock_skips_the_trigger(storage: gnl.Storage) -> None:
+    await gnl.schedule_workflow(storage, "wf", every_ms=MIN, now_ms=T0)
+    native = storage._native
+    tok = await _native.lock_acquire(native, "sched:wf:0:fire", "other", 60_000)
+    assert tok is not None
+    r = Recorder()
+    res = await gnl.poll_scheduler(storage, r, now_ms=T0 + MIN)
+    assert (res.fired, res.skipped, r.calls) == (0, 1, [])
+    await _native.lock_release(native, "sched:wf:0:fire", tok)
+    res = await gnl.poll_scheduler(storage, r, now_ms=T0 + MIN)
+    assert res.run_ids == ["sched:wf:0"]
+
+
+async def test_due_triggers_fire_concurrently_and_concurrency_caps(storage: gnl.Storage) -> None:
+    for i in range(6):
+        await gnl.schedule_workflow(storage, "wf", id=f"t{i}", every_ms=MIN, now_ms=T0)
+    r = Recorder(sleep=0.3)
+    loop = asyncio.get_running_loop()
+    t = loop.time()
+    res = await gnl.poll_scheduler(storage, r, now_ms=T0 + MIN)
+    assert res.fired == 6
+    assert loop.time() - t < 1.5  # six 0.3 s fires at once, not one after another
+    res = await gnl.poll_scheduler(storage, r, concurrency=2, now_ms=T0 + 2 * MIN)
+    assert res.fired == 6
+
+
+async def test_a_durable_runner_and_the_poll_loop(storage: gnl.Storage) -> None:
+    seen: list[tuple[str, int | None]] = []
+
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> None:
+        seen.append((ctx.run_id, ctx.scheduled_for))
+
+    async def slow(ctx: gnl.WorkflowContext, input: Any) -> None:
+        await asyncio.sleep(3)
+
+    g = gnl.create_gnl(storage, {"wf": wf, "slow": slow})
+    await gnl.schedule_workflow(storage, "slow", every_ms=200)
+    await gnl.schedule_workflow(storage, "wf", every_ms=200)
+    s = gnl.create_scheduler(storage, g, poll_ms=50)
+    s.start()
+    await asyncio.sleep(1.5)
+    await s.stop()
+    # The slow workflow does not hold the fast trigger back.
+    assert len(seen) >= 3
+    assert [r for r, _ in seen[:3]] == ["sched:wf:0", "sched:wf:1", "sched:wf:2"]
+    assert all(slot is not None for _, slot in seen)
+    assert (await trigger(storage, "slow")).fire_count == 1
+
+
+async def test_the_critical_preset_nests_inside_the_fire_lock(storage: gnl.Storage) -> None:
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> int:
+        return 1
+
+    g = gnl.create_gnl(storage, {"wf": wf}, preset="critical")
+    await gnl.schedule_workflow(storage, "wf", every_ms=MIN, now_ms=T0)
+    res = await gnl.poll_scheduler(storage, g, now_ms=T0 + MIN)
+    assert (res.fired, res.failed, res.skipped) == (1, 0, 0)
+    assert (await trigger(storage, "wf")).fire_count == 1
+
+
+def test_the_command_line(store_url: Any) -> None:
+    import json
+    import subprocess
+    import sys
+
+    url = store_url()
+
+    async def setup() -> None:
+        async with await gnl.connect(url) as st:
+            await gnl.schedule_workflow(st, "wf", cron="0 3 * * *", now_ms=T0)
+            await gnl.schedule_workflow(st, "wf", id="e", every_ms=5_000, now_ms=T0)
+
+    asyncio.run(setup())
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "gnl", *args], capture_output=True, text=True, timeout=60
+        )
+
+    listed = [
+        json.loads(ln)
+        for ln in cli("triggers", "list", "--url", url, "--json").stdout.split("\n")
+        if ln
+    ]
+    assert [(t["id"], t["kind"], t["spec"]) for t in listed] == [
+        ("e", "every", 5_000),
+        ("wf", "cron", "0 3 * * *"),
+    ]
+    assert "0 3 * * *" in cli("triggers", "list", "--url", url).stdout
+    assert cli("triggers", "unschedule", "e", "--url", url).returncode == 0
+    assert cli("triggers", "unschedule", "e", "--url", url).returncode == 1
+    out = cli("cron", "0 3 * * *", "-n", "3", "--after", "0", "--json")
+    assert json.loads(out.stdout) == _native.cron_times("0 3 * * *", 0, 3)
+    bad = cli("cron", "0 3 * * * *")
+    assert bad.returncode == 2 and "CronError" in bad.stderr
