@@ -4,6 +4,7 @@
 
 mod cron;
 mod errors;
+mod events;
 mod jobs;
 mod journal;
 mod json;
@@ -617,6 +618,7 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(quiesce, m)?)?;
     cron::register(m)?;
     journal::register(m)?;
+    events::register(m)?;
     m.add("SCHEMA_VERSION", store::latest_version("sqlite"))?;
     Ok(())
 }

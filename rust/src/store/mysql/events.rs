@@ -139,7 +139,7 @@ impl EventStore for MysqlStore {
         let rows = fresh(events, &taken);
         let mut seq = last;
         let tail = format!(",{now})");
-        for r in plan(rows.len(), 5, self.budget, |k| {
+        for r in plan(rows.len(), 6, self.budget, |k| {
             events.text_len(rows[k]) + 16
         }) {
             let mut q = Sql::new(
@@ -363,9 +363,10 @@ impl EventStore for MysqlStore {
         }
         self.counted(1);
         let row = sqlx::query(
-            "SELECT (SELECT min(e.seq) FROM gnl_events e LEFT JOIN gnl_event_marks m \
+            "SELECT (SELECT e.seq FROM gnl_events e LEFT JOIN gnl_event_marks m \
                        ON m.topic = e.topic AND m.name = ? AND m.seq = e.seq \
-                     WHERE e.topic = ? AND e.seq > ? AND (m.seq IS NULL OR m.state = 'wait')), \
+                     WHERE e.topic = ? AND e.seq > ? AND (m.seq IS NULL OR m.state = 'wait') \
+                     ORDER BY e.seq LIMIT 1), \
                     (SELECT max(seq) FROM gnl_event_marks \
                      WHERE topic = ? AND name = ? AND seq > ? AND state <> 'wait')",
         )

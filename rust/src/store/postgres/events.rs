@@ -284,9 +284,10 @@ impl EventStore for PostgresStore {
         }
         self.counted(1);
         let row = sqlx::query(
-            "SELECT (SELECT min(e.seq) FROM gnl_events e LEFT JOIN gnl_event_marks m \
+            "SELECT (SELECT e.seq FROM gnl_events e LEFT JOIN gnl_event_marks m \
                        ON m.topic = e.topic AND m.name = $2 AND m.seq = e.seq \
-                     WHERE e.topic = $1 AND e.seq > $3 AND (m.seq IS NULL OR m.state = 'wait')), \
+                     WHERE e.topic = $1 AND e.seq > $3 AND (m.seq IS NULL OR m.state = 'wait') \
+                     ORDER BY e.seq LIMIT 1), \
                     (SELECT max(seq) FROM gnl_event_marks \
                      WHERE topic = $1 AND name = $2 AND seq > $3 AND state <> 'wait')",
         )
