@@ -4,6 +4,7 @@
 
 mod cron;
 mod errors;
+mod events;
 mod jobs;
 mod journal;
 mod json;
@@ -741,6 +742,7 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     cron::register(m)?;
     journal::register(m)?;
     scheduler::register(m)?;
+    events::register(m)?;
     m.add("SCHEMA_VERSION", store::latest_version("sqlite"))?;
     Ok(())
 }

@@ -11,8 +11,7 @@
 //!   holds that subsystem's SQL (`queue.rs`, `journal.rs`); `tests.rs` its own tests.
 //! * `suite/`: the engine suite every engine passes, split the same way (`queue.rs`,
 //!   `journal.rs`), on a fresh database of each engine.
-//! * To come, a trait beside these and a file in every engine and in the suite: `events.rs`
-//!   (`EventStore`: the event log, consumer cursors, deliveries).
+//! * `events.rs`: `EventStore` (the event log, consumer cursors, marks, quarantine).
 //! * `url.rs`: store URLs. Migrations: `rust/migrations/<engine>/`.
 
 use std::sync::Arc;
@@ -21,6 +20,7 @@ use async_trait::async_trait;
 
 use crate::error::{Error, Result};
 
+pub mod events;
 pub mod journal;
 pub mod mysql;
 pub mod postgres;
@@ -31,6 +31,7 @@ pub(crate) mod suite;
 pub mod triggers;
 pub mod url;
 
+pub use events::EventStore;
 pub use journal::JournalStore;
 pub use queue::{
     append_part, claim, enqueue, enqueue_parts, finish, receive_all, renew, scan_jobs, Part,
@@ -42,7 +43,7 @@ pub use triggers::TriggerStore;
 /// pool). `Arc<dyn Store>` is the whole store, every subsystem's operations included. All
 /// instants are the store's clock (epoch ms).
 #[async_trait]
-pub trait Store: QueueStore + JournalStore + TriggerStore + Send + Sync + 'static {
+pub trait Store: QueueStore + JournalStore + TriggerStore + EventStore + Send + Sync + 'static {
     /// "sqlite", "postgres" or "mysql".
     fn backend(&self) -> &'static str;
     /// The number of SQL statements sent so far.

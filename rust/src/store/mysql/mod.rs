@@ -44,6 +44,7 @@ macro_rules! now_ms {
     };
 }
 
+mod events;
 mod journal;
 mod queue;
 #[cfg(test)]

@@ -21,6 +21,7 @@ use super::url::SqliteTarget;
 use super::Store;
 use crate::error::{Error, Result};
 
+mod events;
 mod journal;
 mod now;
 mod queue;

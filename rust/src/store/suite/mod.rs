@@ -51,6 +51,7 @@ macro_rules! on_every_engine {
     };
 }
 
+pub(crate) mod events;
 pub(crate) mod journal;
 pub(crate) mod queue;
 pub(crate) mod views;

@@ -1,0 +1,577 @@
+"""The event log (API.md "Events"): ``emit`` / ``emit_many`` append to a topic's log; each
+consumer name keeps its own cursor and ack markers (fan-out), under a leased lock with a
+fencing token (``gnl_locks`` key ``events:<topic>:<name>``, renewed off the Python thread by
+the native keeper). Acks are written with a compare-and-set after the handler returns
+(group-committed per fetched batch): at-least-once delivery, exactly-once marking.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import secrets
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from . import _native
+from ._time import MAX_DURATION_MS, check_int
+from .errors import InvalidArgumentError, InvalidJobError
+from .queue import JSON, JobSpec
+from .signal import RevocationSignal
+from .storage import Storage, WorkStore, native_of
+from .worker import DrainResult
+
+log = logging.getLogger("gnl")
+
+__all__ = [
+    "Consumer",
+    "ConsumerLag",
+    "DeadEvent",
+    "EventMeta",
+    "EventSpec",
+    "consumer_lag",
+    "create_consumer",
+    "emit",
+    "emit_many",
+    "list_dead_events",
+    "retry_dead_event",
+]
+
+#: Events handed to a consumer per fetch (their acks are written together).
+FETCH_BATCH = 100
+_DEFAULT_DELAY_MS = 60_000
+_MAX_DEFAULT_DELAY_MS = 3_600_000
+_EVENT_KEYS = ("payload", "id", "org_id", "deliver_at", "delay_ms")
+
+
+@dataclass(frozen=True, slots=True)
+class EventSpec:
+    """One event for :func:`emit_many` (a dict with the same keys works too).
+
+    Attributes:
+        payload: A JSON value.
+        id: The event id within its topic; None generates a time-ordered id.
+        org_id: The organization; None: no organization.
+        deliver_at: Not delivered before this instant (epoch ms UTC or aware datetime).
+        delay_ms: Not delivered before now + this many ms (store clock).
+    """
+
+    payload: JSON = None
+    id: str | None = None
+    org_id: str | None = None
+    deliver_at: int | datetime | None = None
+    delay_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EventMeta:
+    """What a handler is told about the event it handles.
+
+    Attributes:
+        id: The event id.
+        topic: Its topic.
+        consumer: The consumer name delivering it.
+        org_id: Its organization, or None.
+        emitted_at: When it was emitted (epoch ms UTC, store clock).
+        attempt: This delivery's attempt (1-based, counted at delivery).
+        signal: Aborts with ``lease-lost`` (another process holds the consumer now) or
+            ``timeout`` (``max_hold_ms`` ran out).
+    """
+
+    id: str
+    topic: str
+    consumer: str
+    org_id: str | None
+    emitted_at: int
+    attempt: int
+    signal: RevocationSignal
+
+
+@dataclass(frozen=True, slots=True)
+class DeadEvent:
+    """A quarantined event of one consumer.
+
+    Attributes:
+        id: The event id.
+        topic: Its topic.
+        consumer: The consumer name it was quarantined for.
+        attempts: The failed attempts it used.
+        error: The last attempt's error.
+        at: When it was quarantined (epoch ms UTC).
+        payload: The event's payload.
+    """
+
+    id: str
+    topic: str
+    consumer: str
+    attempts: int
+    error: str
+    at: int
+    payload: JSON
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerLag:
+    """A consumer's position (for Studio and the CLI).
+
+    Attributes:
+        cursor: The last log position (seq) the cursor passed.
+        behind: Events neither accepted nor quarantined yet.
+        oldest_unacked_at: When the oldest of those was emitted (epoch ms), or None.
+        heartbeat_at: The last write of its lease holder (epoch ms), or None.
+        dead: Its quarantine records.
+    """
+
+    cursor: int
+    behind: int
+    oldest_unacked_at: int | None
+    heartbeat_at: int | None
+    dead: int
+
+
+Handler = Callable[[Any, EventMeta], Awaitable[object]]
+RetryDelay = int | Callable[[int], int] | None
+
+
+def _spec(event: object) -> JobSpec:
+    if isinstance(event, EventSpec):
+        return JobSpec("e", event.payload, event.id, event.org_id, event.deliver_at, event.delay_ms)
+    if isinstance(event, Mapping):
+        for k in event:
+            if k not in _EVENT_KEYS:
+                raise TypeError(f"unknown event key {k!r}; an event has {', '.join(_EVENT_KEYS)}")
+        if "payload" not in event:
+            raise TypeError("an event needs a 'payload'")
+        return JobSpec(
+            "e",
+            event["payload"],
+            event.get("id"),
+            event.get("org_id"),
+            event.get("deliver_at"),
+            event.get("delay_ms"),
+        )
+    raise TypeError(f"an event must be a dict or a gnl.EventSpec, not {type(event).__name__}")
+
+
+def _event_error(e: BaseException) -> BaseException:
+    msg = str(e).replace("run_at", "deliver_at").replace("job ", "event ")
+    if isinstance(e, InvalidJobError):
+        out = InvalidJobError(msg, e.index)
+        out.__cause__ = e.__cause__
+        return out
+    return type(e)(msg)
+
+
+async def emit(
+    work: WorkStore | Storage,
+    topic: str,
+    payload: JSON,
+    *,
+    id: str | None = None,
+    org_id: str | None = None,
+    deliver_at: int | datetime | None = None,
+    delay_ms: int | None = None,
+) -> str:
+    """Append one event to ``topic``'s log.
+
+    Args:
+        work: ``storage.work`` (or the Storage).
+        topic: The topic (non-empty, at most 200 characters, no control characters).
+        payload: A JSON value.
+        id: The event id; an id already emitted on the topic is the same event (nothing is
+            written). None: a generated time-ordered id.
+        org_id: The organization (non-empty, at most 200 characters); None: none.
+        deliver_at: Not delivered before this instant (epoch ms UTC or aware datetime).
+        delay_ms: Not delivered before now + ``delay_ms`` (store clock, >= 0).
+
+    Returns:
+        The event id.
+
+    Raises:
+        TypeError: an argument of the wrong type, or a payload that is not JSON.
+        InvalidArgumentError: a bad value (empty topic, bad id or org_id, NaN, negative
+            delay, both deliver_at and delay_ms); nothing is written.
+        StoreUnavailableError: the store cannot be reached.
+    """
+    spec = JobSpec("e", payload, id, org_id, deliver_at, delay_ms)
+    try:
+        ids = await _native.event_emit(native_of(work), topic, [spec], True)
+    except (TypeError, InvalidArgumentError) as e:
+        raise _event_error(e) from e.__cause__
+    return str(ids[0])
+
+
+async def emit_many(
+    work: WorkStore | Storage,
+    topic: str,
+    events: Iterable[Mapping[str, Any] | EventSpec],
+) -> list[str]:
+    """Append many events to ``topic`` in one write, all or none.
+
+    Args:
+        work: ``storage.work`` (or the Storage).
+        topic: The topic.
+        events: Dicts ``{"payload", "id", "org_id", "deliver_at" | "delay_ms"}`` (only
+            ``payload`` required) or :class:`EventSpec`; any number (100,000 and more: no
+            parameter or packet limit reaches the caller).
+
+    Returns:
+        The event ids in call order (an id already emitted, or repeated, is one event).
+
+    Raises:
+        InvalidJobError: an event is invalid (``.index`` its position, ``__cause__`` the
+            ``TypeError`` or ``InvalidArgumentError``); nothing is written.
+        InvalidArgumentError: a bad topic.
+        StoreUnavailableError: the store cannot be reached.
+    """
+    specs = []
+    for i, ev in enumerate(events):
+        try:
+            specs.append(_spec(ev))
+        except TypeError as e:
+            err = InvalidJobError(f"event {i} is invalid: {e}", i)
+            raise err from e
+    try:
+        ids = await _native.event_emit(native_of(work), topic, specs, False)
+    except InvalidJobError as e:
+        raise _event_error(e) from e.__cause__
+    return [str(i) for i in ids]
+
+
+def _payload(text: str) -> JSON:
+    return json.loads(text)
+
+
+async def list_dead_events(work: WorkStore | Storage, topic: str, consumer: str) -> list[DeadEvent]:
+    """The quarantined events of ``consumer`` on ``topic``, in log order.
+
+    Raises:
+        InvalidArgumentError: a bad topic or consumer name.
+        StoreUnavailableError: the store cannot be reached.
+    """
+    rows = await _native.event_dead(native_of(work), topic, consumer)
+    return [DeadEvent(r[0], topic, consumer, r[3], r[4], r[5], _payload(r[6])) for r in rows]
+
+
+async def retry_dead_event(work: WorkStore | Storage, topic: str, consumer: str, id: str) -> bool:
+    """Hand quarantined event ``id`` back to ``consumer`` for a fresh series of attempts.
+
+    Returns:
+        True when it is handed back (True again, changing nothing, while it waits for its
+        redelivery); False when no such quarantine record exists.
+
+    Raises:
+        InvalidArgumentError: a bad topic, consumer name or id.
+        StoreUnavailableError: the store cannot be reached.
+    """
+    return bool(await _native.event_dead_retry(native_of(work), topic, consumer, id))
+
+
+async def consumer_lag(work: WorkStore | Storage, topic: str, consumer: str) -> ConsumerLag | None:
+    """Consumer ``(topic, consumer)``'s position and heartbeat; None when it never ran.
+
+    Raises:
+        InvalidArgumentError: a bad topic or consumer name.
+        StoreUnavailableError: the store cannot be reached.
+    """
+    r = await _native.event_lag(native_of(work), topic, consumer)
+    return None if r is None else ConsumerLag(*r)
+
+
+def _default_delay(attempt: int) -> int:
+    return int(min(_DEFAULT_DELAY_MS * 2 ** min(attempt - 1, 30), _MAX_DEFAULT_DELAY_MS))
+
+
+class Consumer:
+    """A named consumer of a topic (:func:`create_consumer`). One process at a time runs a
+    given (topic, name): it holds the consumer's lease; another takes over when it goes stale.
+    """
+
+    def __init__(
+        self,
+        work: WorkStore | Storage,
+        topic: str,
+        handler: Handler,
+        *,
+        name: str,
+        max_attempts: float,
+        retry_delay_ms: RetryDelay,
+        max_hold_ms: int | None,
+        lease_ms: int,
+        poll_ms: int,
+        max_poll_ms: int | None,
+    ) -> None:
+        self._native = native_of(work)
+        self.topic = topic
+        self.name = name
+        self.handler = handler
+        self.max_attempts = max_attempts
+        self.retry_delay_ms = retry_delay_ms
+        self.max_hold_ms = max_hold_ms
+        self.lease_ms = lease_ms
+        self.poll_ms = poll_ms
+        self.max_poll_ms = max_poll_ms if max_poll_ms is not None else poll_ms * 32
+        self._key = _native.event_lease_key(topic, name)
+        self._owner = f"{os.getpid()}:{secrets.token_hex(6)}"
+        self._task: asyncio.Task[DrainResult] | None = None
+        self._stop = False
+        self._wake: asyncio.Event | None = None
+        self._signal: RevocationSignal | None = None
+        self._lost = False
+
+    def start(self) -> None:
+        """Start consuming on the running loop (until :meth:`stop`)."""
+        if self._task is not None and not self._task.done():
+            return
+        self._stop = False
+        self._task = asyncio.get_running_loop().create_task(self._run(drain=False))
+
+    async def stop(self) -> None:
+        """Stop fetching, wait for the running handler and its ack, release the lease."""
+        self._stop = True
+        if self._wake is not None:
+            self._wake.set()
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def drain(self) -> DrainResult:
+        """Deliver until no event is due for this consumer, then return what ran.
+
+        Raises:
+            StoreUnavailableError: the store cannot be reached.
+        """
+        return await self._run(drain=True)
+
+    async def lag(self) -> ConsumerLag | None:
+        """This consumer's position (:func:`consumer_lag`)."""
+        r = await _native.event_lag(self._native, self.topic, self.name)
+        return None if r is None else ConsumerLag(*r)
+
+    async def __aenter__(self) -> Consumer:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- the loop ---------------------------------------------------------------------
+
+    async def _sleep(self, ms: int) -> None:
+        self._wake = asyncio.Event()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), ms / 1000)
+
+    def _lose(self, why: str) -> None:
+        self._lost = True
+        if self._signal is not None:
+            self._signal.abort(why, f"consumer {self.name!r} of {self.topic!r} lost its lease")
+
+    async def _run(self, drain: bool) -> DrainResult:
+        done = [0, 0, 0]
+        interval = self.poll_ms
+        while not self._stop:
+            try:
+                token = await _native.lock_acquire(
+                    self._native, self._key, self._owner, self.lease_ms
+                )
+                if token is None or not await _native.event_consumer_open(
+                    self._native, self.topic, self.name, token
+                ):
+                    if token is not None:
+                        await _native.lock_release(self._native, self._key, token)
+                    if drain:
+                        await self._sleep(min(self.poll_ms, 50))
+                        continue
+                    await self._sleep(interval)
+                    interval = min(interval * 2, self.max_poll_ms)
+                    continue
+            except Exception as e:  # noqa: BLE001
+                if drain:
+                    raise
+                log.warning("gnl consumer %s/%s: %s; retrying", self.topic, self.name, e)
+                await self._sleep(interval)
+                interval = min(interval * 2, self.max_poll_ms)
+                continue
+            self._lost = False
+            keeper = _native.RunKeeper(
+                self._native,
+                "",
+                self.lease_ms,
+                False,
+                self._key,
+                token,
+                self._lose,
+                asyncio.get_running_loop(),
+            )
+            try:
+                while not self._stop and not self._lost:
+                    try:
+                        rows = await _native.event_fetch(
+                            self._native, self.topic, self.name, token, FETCH_BATCH
+                        )
+                    except Exception as e:  # noqa: BLE001
+                        if drain:
+                            raise
+                        log.warning("gnl consumer %s/%s: %s; retrying", self.topic, self.name, e)
+                        await self._sleep(interval)
+                        interval = min(interval * 2, self.max_poll_ms)
+                        continue
+                    if rows is None:
+                        break  # another holder took over
+                    if not rows:
+                        if drain:
+                            return DrainResult(*done)
+                        await self._sleep(interval)
+                        interval = min(interval * 2, self.max_poll_ms)
+                        continue
+                    interval = self.poll_ms
+                    outcomes = []
+                    for row in rows:
+                        if self._lost:
+                            break
+                        outcomes.append(await self._deliver(row, done))
+                    await self._settle(token, outcomes, drain)
+            finally:
+                await keeper.stop()
+        return DrainResult(*done)
+
+    async def _settle(
+        self, token: int, outcomes: list[tuple[int, str | None, int | None]], drain: bool
+    ) -> None:
+        delay = self.poll_ms
+        while True:
+            try:
+                await _native.event_settle(self._native, self.topic, self.name, token, outcomes)
+                return
+            except Exception as e:  # noqa: BLE001
+                if drain or self._lost:
+                    raise
+                log.warning(
+                    "gnl consumer %s/%s: acks not written (%s); retrying", self.topic, self.name, e
+                )
+                await asyncio.sleep(delay / 1000)
+                delay = min(delay * 2, self.max_poll_ms)
+
+    async def _deliver(
+        self, row: tuple[int, str, str, str, int, int], done: list[int]
+    ) -> tuple[int, str | None, int | None]:
+        seq, id, org, payload, emitted_at, attempt = row
+        signal = RevocationSignal()
+        self._signal = signal
+        meta = EventMeta(id, self.topic, self.name, org or None, emitted_at, attempt, signal)
+        timer = None
+        if self.max_hold_ms is not None:
+            timer = asyncio.get_running_loop().call_later(
+                self.max_hold_ms / 1000, signal.abort, "timeout", "max_hold_ms ran out"
+            )
+        done[0] += 1
+        try:
+            await self.handler(_payload(payload), meta)
+            if signal.aborted and signal.reason is not None and signal.reason.why == "timeout":
+                raise signal.reason
+        except Exception as e:  # noqa: BLE001
+            done[2] += 1
+            err = f"{type(e).__name__}: {e}"
+            if attempt >= self.max_attempts:
+                return (seq, err, None)
+            return (seq, err, self._delay(attempt))
+        finally:
+            if timer is not None:
+                timer.cancel()
+            self._signal = None
+        done[1] += 1
+        return (seq, None, None)
+
+    def _delay(self, attempt: int) -> int:
+        d = self.retry_delay_ms
+        if d is None:
+            return _default_delay(attempt)
+        if isinstance(d, int):
+            return d
+        try:
+            return check_int(d(attempt), "retry_delay_ms(attempt)", 0, MAX_DURATION_MS)
+        except Exception as e:  # noqa: BLE001
+            log.error(
+                "gnl consumer %s: retry_delay_ms(%d) failed (%s); using the default",
+                self.name,
+                attempt,
+                e,
+            )
+            return _default_delay(attempt)
+
+
+def create_consumer(
+    work: WorkStore | Storage,
+    topic: str,
+    handler: Handler,
+    *,
+    name: str,
+    max_attempts: float = 8,
+    retry_delay_ms: RetryDelay = None,
+    max_hold_ms: int | None = None,
+    lease_ms: int = 30_000,
+    poll_ms: int = 200,
+    max_poll_ms: int | None = None,
+) -> Consumer:
+    """A named consumer of ``topic``: every name sees every event (fan-out), in log order.
+
+    Args:
+        work: ``storage.work`` (or the Storage).
+        topic: The topic.
+        handler: ``async def handler(payload, meta: gnl.EventMeta)``; the event is accepted
+            when it returns, failed when it raises.
+        name: The consumer name (its cursor and ack markers).
+        max_attempts: Quarantine after this many failed attempts (>= 1; ``math.inf``: never).
+        retry_delay_ms: Delay (ms) before a failed event is delivered again: an int, or a
+            callable of the failed attempt (1-based); default exponential from 60,000 ms,
+            doubling, capped at 3,600,000 ms.
+        max_hold_ms: A handler running longer gets ``meta.signal`` aborted with ``timeout``
+            and its attempt counts as failed (default: no limit).
+        lease_ms: The consumer's lease (renewed every third of it off the Python thread).
+        poll_ms: Poll interval (ms) when nothing is due; doubles up to ``max_poll_ms``
+            (default ``poll_ms * 32``).
+        max_poll_ms: The poll interval's cap.
+
+    Raises:
+        TypeError: an argument of the wrong type.
+        InvalidArgumentError: a bad value (empty topic or name, max_attempts < 1, ...).
+    """
+    if not callable(handler):
+        raise TypeError("handler must be an async function (payload, meta)")
+    _native.event_lease_key(topic, name)  # checks topic and name
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, (int, float)):
+        raise TypeError(
+            f"max_attempts must be an int or math.inf, not {type(max_attempts).__name__}"
+        )
+    if isinstance(max_attempts, float) and max_attempts != math.inf:
+        raise InvalidArgumentError("max_attempts must be an int or math.inf")
+    if max_attempts < 1:
+        raise InvalidArgumentError(f"max_attempts must be >= 1, got {max_attempts}")
+    if retry_delay_ms is not None and not callable(retry_delay_ms):
+        check_int(retry_delay_ms, "retry_delay_ms", 0, MAX_DURATION_MS)
+    if max_hold_ms is not None:
+        check_int(max_hold_ms, "max_hold_ms", 1, MAX_DURATION_MS)
+    check_int(lease_ms, "lease_ms", 3, MAX_DURATION_MS)
+    check_int(poll_ms, "poll_ms", 1, MAX_DURATION_MS)
+    if max_poll_ms is not None:
+        check_int(max_poll_ms, "max_poll_ms", poll_ms, MAX_DURATION_MS)
+    return Consumer(
+        work,
+        topic,
+        handler,
+        name=name,
+        max_attempts=max_attempts,
+        retry_delay_ms=retry_delay_ms,
+        max_hold_ms=max_hold_ms,
+        lease_ms=lease_ms,
+        poll_ms=poll_ms,
+        max_poll_ms=max_poll_ms,
+    )

@@ -1,0 +1,196 @@
+//! `gnl._native`'s event functions (`gnl.events` wraps them): emit (specs checked as
+//! `enqueue` checks jobs, packed into one `JobBatch`, written in one transaction), a consumer's
+//! open / fetch / settle under its lease's fencing token, lag, and quarantine records.
+
+use pyo3::prelude::*;
+
+use super::errors::to_py;
+use super::{jobs, spawn, NativeStore};
+use crate::store::events::{check_name, EventOutcome};
+
+/// An event as Python sees it: `(seq, id, org, payload_json, emitted_at, attempt)`.
+type PyEvent = (i64, String, String, String, i64, i64);
+
+/// A quarantine record: `(id, seq, org, attempts, error, at, payload_json, handed_back)`.
+type PyDead = (String, i64, String, i64, String, i64, String, bool);
+
+fn names(topic: &str, name: Option<&str>) -> PyResult<()> {
+    check_name("topic", topic).map_err(to_py)?;
+    if let Some(n) = name {
+        check_name("consumer name", n).map_err(to_py)?;
+    }
+    Ok(())
+}
+
+/// Append events (job-shaped specs: the type field is unused) to `topic`; their ids in order.
+/// One invalid spec refuses the call before anything is written.
+#[pyfunction]
+fn event_emit<'py>(
+    py: Python<'py>,
+    store: &NativeStore,
+    topic: String,
+    specs: &Bound<'py, PyAny>,
+    single: bool,
+) -> PyResult<Bound<'py, PyAny>> {
+    names(&topic, None)?;
+    let (batch, ids) = jobs::convert(py, specs, single)?;
+    let s = store.inner.clone();
+    spawn(py, async move {
+        s.emit(&topic, &batch).await?;
+        Ok(ids)
+    })
+}
+
+/// Bind the consumer to a fresh lease's fencing token.
+#[pyfunction]
+fn event_consumer_open<'py>(
+    py: Python<'py>,
+    store: &NativeStore,
+    topic: String,
+    name: String,
+    token: i64,
+) -> PyResult<Bound<'py, PyAny>> {
+    names(&topic, Some(&name))?;
+    let s = store.inner.clone();
+    spawn(
+        py,
+        async move { s.consumer_open(&topic, &name, token).await },
+    )
+}
+
+/// The next due events for the holder of `token`; None when it no longer holds the consumer.
+#[pyfunction]
+fn event_fetch<'py>(
+    py: Python<'py>,
+    store: &NativeStore,
+    topic: String,
+    name: String,
+    token: i64,
+    limit: i64,
+) -> PyResult<Bound<'py, PyAny>> {
+    let s = store.inner.clone();
+    spawn(py, async move {
+        Ok(s.event_fetch(&topic, &name, token, limit)
+            .await?
+            .map(|rows| {
+                rows.into_iter()
+                    .map(|e| (e.seq, e.id, e.org, e.payload, e.emitted_at, e.attempt))
+                    .collect::<Vec<PyEvent>>()
+            }))
+    })
+}
+
+/// Write outcomes `(seq, error, retry_after_ms)`: error None = accepted; retry None =
+/// quarantined. False when `token` no longer holds the consumer.
+#[pyfunction]
+fn event_settle<'py>(
+    py: Python<'py>,
+    store: &NativeStore,
+    topic: String,
+    name: String,
+    token: i64,
+    outcomes: Vec<(i64, Option<String>, Option<i64>)>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let outs: Vec<EventOutcome> = outcomes
+        .into_iter()
+        .map(|(seq, error, retry)| match error {
+            None => EventOutcome::Accepted { seq },
+            Some(error) => EventOutcome::Failed {
+                seq,
+                error,
+                retry_after_ms: retry,
+            },
+        })
+        .collect();
+    let s = store.inner.clone();
+    spawn(py, async move {
+        s.event_settle(&topic, &name, token, &outs).await
+    })
+}
+
+/// `(cursor, behind, oldest_unacked_at, heartbeat_at, dead)` or None.
+#[pyfunction]
+fn event_lag<'py>(
+    py: Python<'py>,
+    store: &NativeStore,
+    topic: String,
+    name: String,
+) -> PyResult<Bound<'py, PyAny>> {
+    names(&topic, Some(&name))?;
+    let s = store.inner.clone();
+    spawn(py, async move {
+        Ok(s.consumer_lag(&topic, &name).await?.map(|l| {
+            (
+                l.cursor,
+                l.behind,
+                l.oldest_unacked_at,
+                l.heartbeat_at,
+                l.dead,
+            )
+        }))
+    })
+}
+
+/// The consumer's quarantine records in log order.
+#[pyfunction]
+fn event_dead<'py>(
+    py: Python<'py>,
+    store: &NativeStore,
+    topic: String,
+    name: String,
+) -> PyResult<Bound<'py, PyAny>> {
+    names(&topic, Some(&name))?;
+    let s = store.inner.clone();
+    spawn(py, async move {
+        Ok(s.dead_events(&topic, &name)
+            .await?
+            .into_iter()
+            .map(|d| {
+                (
+                    d.id,
+                    d.seq,
+                    d.org,
+                    d.attempts,
+                    d.error,
+                    d.at,
+                    d.payload,
+                    d.handed_back,
+                )
+            })
+            .collect::<Vec<PyDead>>())
+    })
+}
+
+/// Hand quarantined event `id` back.
+#[pyfunction]
+fn event_dead_retry<'py>(
+    py: Python<'py>,
+    store: &NativeStore,
+    topic: String,
+    name: String,
+    id: String,
+) -> PyResult<Bound<'py, PyAny>> {
+    names(&topic, Some(&name))?;
+    crate::validate::job_id(&id).map_err(to_py)?;
+    let s = store.inner.clone();
+    spawn(py, async move { s.dead_retry(&topic, &name, &id).await })
+}
+
+/// The lock key of consumer `(topic, name)`'s lease (checks both names).
+#[pyfunction]
+fn event_lease_key(topic: &str, name: &str) -> PyResult<String> {
+    names(topic, Some(name))?;
+    Ok(crate::store::events::lease_key(topic, name))
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(event_emit, m)?)?;
+    m.add_function(wrap_pyfunction!(event_lease_key, m)?)?;
+    m.add_function(wrap_pyfunction!(event_consumer_open, m)?)?;
+    m.add_function(wrap_pyfunction!(event_fetch, m)?)?;
+    m.add_function(wrap_pyfunction!(event_settle, m)?)?;
+    m.add_function(wrap_pyfunction!(event_lag, m)?)?;
+    m.add_function(wrap_pyfunction!(event_dead, m)?)?;
+    m.add_function(wrap_pyfunction!(event_dead_retry, m)?)?;
+    Ok(())
+}
