@@ -581,6 +581,8 @@ def runs_resolve(
     if not _run(go):
         _fail(f"step {step!r} (call {n}) of run {run_id!r} is not an unresolved intent", 1)
     click.echo(f"step {step!r} (call {n}) of run {run_id!r} resolved; resume the run")
+
+
 # -- studio ---------------------------------------------------------------------------------------
 
 

@@ -43,7 +43,9 @@ pub use triggers::TriggerStore;
 /// pool). `Arc<dyn Store>` is the whole store, every subsystem's operations included. All
 /// instants are the store's clock (epoch ms).
 #[async_trait]
-pub trait Store: QueueStore + JournalStore + TriggerStore + EventStore + Send + Sync + 'static {
+pub trait Store:
+    QueueStore + JournalStore + TriggerStore + EventStore + Send + Sync + 'static
+{
     /// "sqlite", "postgres" or "mysql".
     fn backend(&self) -> &'static str;
     /// The number of SQL statements sent so far.

@@ -54,8 +54,8 @@ macro_rules! on_every_engine {
 pub(crate) mod events;
 pub(crate) mod journal;
 pub(crate) mod queue;
-pub(crate) mod views;
 pub(crate) mod triggers;
+pub(crate) mod views;
 
 /// The engines.
 #[derive(Debug, Clone, Copy)]
