@@ -52,3 +52,28 @@ async def job_state(work: gnl.Storage, job_id: str, org_id: str | None = None) -
 
 async def noop(payload: Any, ctx: gnl.JobContext) -> None:
     return None
+
+
+def outdated_sqlite_store(path: str) -> str:
+    """A SQLite store at ``path`` one schema version behind this package; returns its URL.
+
+    Made by two child processes, one per library: the native core's SQLite and Python's
+    ``sqlite3`` are two libraries, and two libraries on one file in one process break each
+    other's POSIX locks (``disk I/O error``, lost writes).
+    """
+    import subprocess
+    import sys
+
+    url = f"sqlite:///{path}"
+    steps = (
+        "import asyncio, sys, gnl; asyncio.run(gnl.upgrade(sys.argv[1]))",
+        "import sqlite3, sys\n"
+        "con = sqlite3.connect(sys.argv[2])\n"
+        "con.execute('update gnl_schema set version = version - 1')\n"
+        "con.commit()\n"
+        "assert con.execute('select version from gnl_schema').fetchone()[0] >= 1\n"
+        "con.close()\n",
+    )
+    for code in steps:
+        subprocess.run([sys.executable, "-c", code, url, path], check=True, timeout=60)
+    return url

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 import gnl
+from _support import outdated_sqlite_store
 from conftest import BACKENDS
 
 TESTS = Path(__file__).resolve().parent
@@ -275,15 +276,7 @@ def test_changed_schedule_stops_the_start(
 
 
 def test_outdated_store_names_gnl_upgrade(tmp_path: Path, procs: list[Proc]) -> None:
-    import sqlite3
-
-    db = tmp_path / "old.db"
-    url = f"sqlite:///{db}"
-    asyncio.run(gnl.upgrade(url))
-    con = sqlite3.connect(db)
-    con.execute("update gnl_schema set version = version - 1")  # a store one schema behind
-    con.commit()
-    con.close()
+    url = outdated_sqlite_store(str(tmp_path / "old.db"))
     p = Proc(url, tmp_path)
     procs.append(p)
     assert p.finish() == 1
