@@ -31,6 +31,7 @@ import logging
 import os
 import secrets
 import socket
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -486,6 +487,7 @@ async def execute(
     owner = _owner()
     job = steps is not None
     lock: int | None = None
+    sent = time.monotonic()
     if preset == "critical":
         lock = await _native.lock_acquire(native, run_id, owner, lease_ms)
         if lock is None:
@@ -511,7 +513,16 @@ async def execute(
                 lock or 0,
                 lambda why: signal.abort(why, f"run {run_id!r} lost its run lock"),
                 loop,
+                int((time.monotonic() - sent) * 1000) + 1,  # the lock's age: acquired before
             )
+            if lock is not None and not keeper.held():
+                # The run lock lapsed before the body started (a slow store or process):
+                # another executor may hold it now.
+                raise RunBusyError(
+                    f"run {run_id!r} is being executed elsewhere (its run lock lapsed before "
+                    "the run started)",
+                    at_lock_acquisition=True,
+                )
         if steps is None:
             steps = _Steps(native, run_id, signal)
             steps.sleeps = True
