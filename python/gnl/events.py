@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -379,6 +380,7 @@ class Consumer:
         interval = self.poll_ms
         while not self._stop:
             try:
+                sent = time.monotonic()
                 token = await _native.lock_acquire(
                     self._native, self._key, self._owner, self.lease_ms
                 )
@@ -410,6 +412,7 @@ class Consumer:
                 token,
                 self._lose,
                 asyncio.get_running_loop(),
+                int((time.monotonic() - sent) * 1000) + 1,  # the lease's age: acquired before
             )
             try:
                 while not self._stop and not self._lost:
