@@ -395,3 +395,33 @@ async def test_serve_in_process(store_url: Callable[[], str]) -> None:
         stop2.set()
         assert await app.serve(stop=stop2) == 0
         assert [t.id for t in await gnl.list_triggers(st)] == ["nightly"]
+
+
+@pytest.mark.parametrize("backend", [b for b in RUN_BACKENDS if b == "postgres"])
+def test_store_outage_mid_run_is_retried_and_nothing_is_lost(
+    store_url: Callable[[], str], tmp_path: Path, procs: list[Proc]
+) -> None:
+    from _faults import pg_outage_end, pg_outage_start
+
+    url = store_url()
+    seed(url, jobs=60, events=2)
+    p = Proc(url, tmp_path, "--grace-ms", "20000", APP_WORK_MS="50")
+    procs.append(p)
+    p.wait_for(lambda ls: len(started_and_ended(ls)[1]) >= 5, "some jobs done")
+    asyncio.run(pg_outage_start(url))
+    try:
+        time.sleep(3)
+        assert p.p.poll() is None, "gnl run died in the outage"
+    finally:
+        asyncio.run(pg_outage_end(url))
+    p.wait_for(
+        lambda ls: (
+            len(started_and_ended(ls)[1]) == 60 and sum(ln.startswith("event ") for ln in ls) == 2
+        ),
+        "the queue drained after the outage",
+        timeout=120,
+    )
+    p.signal()
+    assert p.finish() == 0, p.stderr
+    assert "unavailable" in p.stderr
+    assert {j.state for j in jobs_of(url).values()} == {"done"}
