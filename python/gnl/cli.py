@@ -122,6 +122,12 @@ def _when(ms: int | None) -> str:
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
 
 
+def _cell_time(ms: int | None) -> str:
+    """A time in a table cell: ISO-8601 with a space for the ``T`` (RFC 3339 allows it), so a
+    narrow column wraps it between the date and the time."""
+    return _when(ms).replace("T", " ")
+
+
 def _job_dict(job: gnl.JobInfo) -> dict[str, Any]:
     return asdict(job)
 
@@ -392,8 +398,8 @@ def jobs_list(
             escape(job.type),
             job.state,
             f"{job.attempts}/{job.max_attempts}",
-            _when(job.run_at),
-            _when(job.updated_at),
+            _cell_time(job.run_at),
+            _cell_time(job.updated_at),
             escape(_short(job.last_error)),
         )
     console.print(table)
@@ -573,8 +579,8 @@ def runs_list(
             escape(run.run_id),
             escape(run.workflow),
             run.state,
-            _when(run.created_at),
-            _when(run.wake_at if run.state == "suspended" else run.lease_expires_at),
+            _cell_time(run.created_at),
+            _cell_time(run.wake_at if run.state == "suspended" else run.lease_expires_at),
             escape(_short(run.error)),
         )
     console.print(table)
@@ -631,7 +637,7 @@ def runs_show(run_id: str, url: str | None, as_json: bool) -> None:
             escape(st.name),
             str(st.n),
             st.state,
-            _when(st.started_at),
+            _cell_time(st.started_at),
             escape(_short(json.dumps(st.result, ensure_ascii=False))),
         )
     console.print(steps)
@@ -815,7 +821,7 @@ def triggers_list(url: str | None, as_json: bool) -> None:
             escape(str(t.spec)),
             t.state,
             str(t.fire_count),
-            _when(t.next_run_at),
+            _cell_time(t.next_run_at),
             escape(_short(t.last_error)),
         )
     console.print(table)
@@ -907,7 +913,7 @@ def events_dead(topic: str, consumer: str, url: str | None, as_json: bool) -> No
         table.add_row(
             escape(ev.id),
             str(ev.attempts),
-            _when(ev.at),
+            _cell_time(ev.at),
             escape(_short(ev.error)),
             escape(_short(json.dumps(ev.payload, ensure_ascii=False))),
         )
