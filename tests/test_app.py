@@ -1,6 +1,6 @@
 """``gnl.App`` and ``gnl run MODULE:ATTR`` (issue 14 deliverables 1 and 5).
 
-``gnl run`` runs tests/_app_sample.py in a subprocess, on SQLite and Postgres: it drains the
+``gnl run`` runs tests/_app_sample.py in a subprocess, on SQLite, Postgres and MySQL: it drains the
 queue, fires the schedule, consumes the events; a SIGTERM mid-run lets the running handlers
 finish and loses nothing; a grace that runs out aborts the handlers' signals; a second SIGTERM
 exits at once; a changed schedule and an outdated store stop the start with one clear line.
@@ -25,7 +25,7 @@ from _support import outdated_sqlite_store
 from conftest import BACKENDS
 
 TESTS = Path(__file__).resolve().parent
-RUN_BACKENDS = [b for b in ("sqlite", "postgres") if b in BACKENDS]
+RUN_BACKENDS = [b for b in ("sqlite", "postgres", "mysql") if b in BACKENDS]
 
 
 class Proc:
