@@ -425,3 +425,32 @@ def test_store_outage_mid_run_is_retried_and_nothing_is_lost(
     assert p.finish() == 0, p.stderr
     assert "unavailable" in p.stderr
     assert {j.state for j in jobs_of(url).values()} == {"done"}
+
+
+@pytest.mark.parametrize("backend", [b for b in RUN_BACKENDS if b == "postgres"])
+def test_outcomes_not_written_while_stopping_exit_1_and_are_run_again(
+    store_url: Callable[[], str], tmp_path: Path, procs: list[Proc]
+) -> None:
+    from _faults import pg_outage_end, pg_outage_start
+
+    url = store_url()
+    seed(url, jobs=4)
+    p = Proc(url, tmp_path, "--grace-ms", "20000", APP_WORK_MS="1500")
+    procs.append(p)
+    p.wait_for(lambda ls: len(started_and_ended(ls)[0]) == 4, "4 handlers running")
+    asyncio.run(pg_outage_start(url))
+    try:
+        p.signal()
+        code = p.finish(timeout=90)
+    finally:
+        asyncio.run(pg_outage_end(url))
+    assert code == 1, p.stderr
+    assert "outcomes could not be written" in p.stderr
+    # Nothing lost: their leases lapse and another process runs them again.
+    p2 = Proc(url, tmp_path, APP_WORK_MS="10")
+    procs.append(p2)
+    p2.wait_for(
+        lambda _: {j.state for j in jobs_of(url).values()} == {"done"}, "the 4 jobs run again"
+    )
+    p2.signal()
+    assert p2.finish() == 0, p2.stderr
