@@ -248,3 +248,17 @@ def test_every_command_has_help_with_an_example(args: tuple[str, ...]) -> None:
     examples = r.output.split("Examples:")[1].splitlines()[1:]
     assert examples and all(ln.startswith("    ") for ln in examples), r.output
     assert any(ln.strip().startswith("gnl ") for ln in examples), r.output
+
+
+@pytest.mark.parametrize(
+    "args, msg",
+    [
+        (("jobs", "show"), "Missing argument 'ID'; see gnl jobs show --help"),
+        (("jobs", "list", "--state", "nope", "--url", "sqlite:///x.db"), "'--state'"),
+        (("nope",), "No such command 'nope'; see gnl --help"),
+        (("runs", "resolve", "r", "s", "--url", "sqlite:///x.db"), "exactly one of --value"),
+        (("cron", "* * * * *", "-n", "0"), "'-n'"),
+    ],
+)
+def test_usage_errors_are_one_line_exit_2(args: tuple[str, ...], msg: str, tmp_path: Path) -> None:
+    assert msg in one_line_error(gnl_cmd(*args), 2)

@@ -158,7 +158,31 @@ def _short(text: str | None, width: int = 60) -> str:
 # -- the group ------------------------------------------------------------------------------------
 
 
+class _OneLineErrors(click.Group):
+    """The ``gnl`` group: click's usage errors are one line on stderr too (exit code 2),
+    naming the command's ``--help``."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        try:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        except click.UsageError as e:
+            hint = f"; see {e.ctx.command_path} --help" if e.ctx is not None else ""
+            _fail(f"{e.format_message().rstrip('.')}{hint}", 2)
+        except click.Abort:
+            _fail("interrupted", 130)
+        except click.ClickException as e:
+            _fail(e.format_message(), e.exit_code)
+
+
 @click.group(
+    cls=_OneLineErrors,
     context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
     epilog=_ex(
         "export GNL_URL=sqlite:///jobs.db",
@@ -336,12 +360,12 @@ def jobs_list(
 ) -> None:
     """List jobs: one organization's lane (--org; without it, the jobs that have no
     organization), or every job on the store (--all), in enqueue order."""
-    target = _need_store(url)
     if all_orgs and org is not None:
         raise click.UsageError("--all lists every organization; it does not go with --org")
     filtered = all_orgs and (state is not None or job_type is not None)
     if filtered and cursor is not None:
         raise click.UsageError("--cursor does not go with --all and --state/--type")
+    target = _need_store(url)
 
     async def go() -> tuple[list[gnl.JobInfo], str | None, int | None]:
         async with await _open(target) as storage:
@@ -667,13 +691,13 @@ def runs_resolve(
 ) -> None:
     """Resolve an at-most-once step whose earlier start left no result
     (StepOutcomeUnknownError): --value JSON or --retry."""
-    target = _need_store(url)
     if (value is None) == (not retry):
         raise click.UsageError("give exactly one of --value JSON and --retry")
     try:
         decoded = None if value is None else json.loads(value)
     except json.JSONDecodeError as e:
         raise click.UsageError(f"--value is not JSON: {e}") from None
+    target = _need_store(url)
 
     async def go() -> bool:
         async with await _open(target) as storage:
