@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import gnl
 from _support import outdated_sqlite_store
@@ -454,3 +456,58 @@ def test_outcomes_not_written_while_stopping_exit_1_and_are_run_again(
     )
     p2.signal()
     assert p2.finish() == 0, p2.stderr
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    durations=st.lists(st.integers(0, 400), min_size=1, max_size=12),
+    stop_after_ms=st.integers(0, 500),
+    grace_ms=st.integers(0, 300),
+    concurrency=st.integers(1, 4),
+)
+def test_shutdown_at_any_moment_loses_nothing(
+    tmp_path: Path, durations: list[int], stop_after_ms: int, grace_ms: int, concurrency: int
+) -> None:
+    """Stopped at any moment with any grace: serve returns 0 (the handlers heed their signal),
+    no job is left running, every job is done or pending again, and a job is done exactly
+    when its handler returned."""
+    import uuid
+
+    url = f"sqlite:///{tmp_path}/{uuid.uuid4().hex}.db"
+    app = gnl.App(url=url)
+    returned: set[str] = set()
+    revoked: set[str] = set()
+
+    @app.job("w", concurrency=concurrency, retry_delay_ms=60_000, poll_ms=10)
+    async def w(payload: Any, ctx: gnl.JobContext) -> None:
+        try:
+            await asyncio.wait_for(ctx.signal.wait(), payload / 1000)
+        except asyncio.TimeoutError:
+            returned.add(ctx.job_id)
+            return
+        revoked.add(ctx.job_id)
+        assert ctx.signal.reason is not None and ctx.signal.reason.why == "shutdown"
+        ctx.signal.raise_if_aborted()
+
+    async def go() -> None:
+        async with await gnl.connect(url) as storage:
+            await gnl.enqueue_many(
+                storage.work, [gnl.JobSpec("w", d, id=f"j{i}") for i, d in enumerate(durations)]
+            )
+            stop = asyncio.Event()
+            task = asyncio.create_task(app.serve(stop=stop, grace_ms=grace_ms))
+            await asyncio.sleep(stop_after_ms / 1000)
+            stop.set()
+            assert await task == 0
+            jobs = {j.id: j for j in (await gnl.list_all_jobs(storage.work, limit=100)).items}
+        assert len(jobs) == len(durations)
+        assert {j.id for j in jobs.values() if j.state == "done"} == returned
+        rest = {j.id: j.state for j in jobs.values() if j.id not in returned}
+        assert set(rest.values()) <= {"pending"}, rest
+        assert revoked <= set(rest)
+
+    asyncio.run(go())
