@@ -40,6 +40,7 @@ from .errors import (
 )
 from .events import (
     Consumer,
+    ConsumerInfo,
     ConsumerLag,
     DeadEvent,
     EventMeta,
@@ -48,6 +49,7 @@ from .events import (
     create_consumer,
     emit,
     emit_many,
+    list_consumers,
     list_dead_events,
     retry_dead_event,
 )
@@ -80,7 +82,7 @@ from .scheduler import (
     unschedule,
 )
 from .signal import RevocationSignal
-from .storage import Journal, Storage, WorkStore, connect, upgrade
+from .storage import Journal, Storage, WorkStore, connect, redact_url, upgrade
 from .worker import DrainResult, Handler, JobContext, Worker, create_worker
 
 __version__ = "0.1.0"
@@ -98,6 +100,7 @@ __all__ = [
     "CronError",
     "JobCounts",
     "Consumer",
+    "ConsumerInfo",
     "ConsumerLag",
     "DeadEvent",
     "DrainResult",
@@ -151,6 +154,7 @@ __all__ = [
     "get_job",
     "get_run",
     "list_all_jobs",
+    "list_consumers",
     "list_dead_events",
     "list_jobs",
     "list_runs",
@@ -159,6 +163,7 @@ __all__ = [
     "parse_field",
     "resolve_step",
     "retry_dead_event",
+    "redact_url",
     "retry_job",
     "scan_jobs",
     "upgrade",

@@ -704,6 +704,7 @@ async def list_runs(
     state: str | None = None,
     workflow: str | None = None,
     limit: int = 50,
+    before: RunInfo | tuple[int, str] | None = None,
 ) -> list[RunInfo]:
     """Runs, newest first (``gnl runs list``); their ``steps`` are left empty.
 
@@ -712,13 +713,30 @@ async def list_runs(
         state: Only runs in this state (``running``, ``suspended``, ``done``, ``failed``).
         workflow: Only runs of this workflow.
         limit: At most this many (1 to 10,000).
+        before: The next page: only runs listed after this one — the last run of the previous
+            page, or its ``(created_at, run_id)`` (created_at in epoch ms UTC). The order is
+            ``created_at`` then the run's key, both descending, so pages never overlap or skip.
 
     Raises:
         InvalidArgumentError: an unknown state or a limit out of range.
+        TypeError: ``before`` is not a RunInfo nor an ``(int, str)`` pair.
     """
     check_int(limit, "limit", 1, 10_000)
+    after: tuple[int, str] | None = None
+    if isinstance(before, RunInfo):
+        after = (before.created_at, before.run_id)
+    elif before is not None:
+        if not (
+            isinstance(before, tuple)
+            and len(before) == 2
+            and isinstance(before[0], int)
+            and not isinstance(before[0], bool)
+            and isinstance(before[1], str)
+        ):
+            raise TypeError("before must be a RunInfo or a (created_at, run_id) pair")
+        after = before
     native = native_of(_journal_of(storage), "journal")
-    return [_run_info(r) for r in await _native.list_runs(native, state, workflow, limit)]
+    return [_run_info(r) for r in await _native.list_runs(native, state, workflow, limit, after)]
 
 
 async def get_run(storage: Storage | Journal, run_id: str) -> RunInfo | None:

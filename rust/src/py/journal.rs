@@ -306,13 +306,14 @@ fn run_get<'py>(
 
 /// Runs, newest first.
 #[pyfunction]
-#[pyo3(signature = (store, state, workflow, limit))]
+#[pyo3(signature = (store, state, workflow, limit, before=None))]
 fn list_runs<'py>(
     py: Python<'py>,
     store: &NativeStore,
     state: Option<String>,
     workflow: Option<String>,
     limit: i64,
+    before: Option<(i64, String)>,
 ) -> PyResult<Bound<'py, PyAny>> {
     if !(1..=10_000).contains(&limit) {
         return Err(InvalidArgumentError::new_err(format!(
@@ -332,6 +333,7 @@ fn list_runs<'py>(
         state,
         workflow,
         limit,
+        before,
     };
     spawn(py, async move {
         Ok(s.list_runs(&q)

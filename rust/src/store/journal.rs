@@ -105,6 +105,10 @@ pub struct RunQuery {
     pub state: Option<String>,
     pub workflow: Option<String>,
     pub limit: i64,
+    /// Only runs listed after this one, `(created_at, run_id)` of the last run of the previous
+    /// page (the listing is newest first, so: created before it, or at the same instant with
+    /// a lower key).
+    pub before: Option<(i64, String)>,
 }
 
 /// The same workflow name must run under one run id: a run started as `recorded` cannot be

@@ -373,12 +373,18 @@ impl JournalStore for MysqlStore {
         self.counted(1);
         let rows = sqlx::query(&format!(
             "SELECT {RUN_COLS} FROM gnl_runs WHERE (? IS NULL OR state = ?) \
-             AND (? IS NULL OR workflow = ?) ORDER BY created_at DESC, run_key DESC LIMIT ?"
+             AND (? IS NULL OR workflow = ?) \
+             AND (? IS NULL OR created_at < ? OR (created_at = ? AND run_key < UNHEX(SHA2(?, 256)))) \
+             ORDER BY created_at DESC, run_key DESC LIMIT ?"
         ))
         .bind(q.state.as_deref())
         .bind(q.state.as_deref())
         .bind(q.workflow.as_deref().map(str::as_bytes))
         .bind(q.workflow.as_deref().map(str::as_bytes))
+        .bind(q.before.as_ref().map(|b| b.0))
+        .bind(q.before.as_ref().map(|b| b.0))
+        .bind(q.before.as_ref().map(|b| b.0))
+        .bind(q.before.as_ref().map(|b| b.1.as_str()))
         .bind(q.limit)
         .fetch_all(&self.pool)
         .await?;

@@ -314,11 +314,14 @@ impl JournalStore for PostgresStore {
         let rows = sqlx::query(&format!(
             "SELECT {RUN_COLS} FROM gnl_runs WHERE ($1::text IS NULL OR state = $1) \
              AND ($2::text IS NULL OR workflow = $2) \
+             AND ($4::bigint IS NULL OR (created_at, run_id) < ($4, $5::text)) \
              ORDER BY created_at DESC, run_id DESC LIMIT $3"
         ))
         .bind(&q.state)
         .bind(&q.workflow)
         .bind(q.limit)
+        .bind(q.before.as_ref().map(|b| b.0))
+        .bind(q.before.as_ref().map(|b| b.1.as_str()))
         .fetch_all(&self.pool)
         .await?;
         Ok(rows.iter().map(run_row).collect())

@@ -306,11 +306,15 @@ impl JournalStore for SqliteStore {
         self.counted(1);
         let rows = sqlx::query(&format!(
             "SELECT {RUN_COLS} FROM gnl_runs WHERE (?1 IS NULL OR state = ?1) \
-             AND (?2 IS NULL OR workflow = ?2) ORDER BY created_at DESC, run_id DESC LIMIT ?3"
+             AND (?2 IS NULL OR workflow = ?2) \
+             AND (?4 IS NULL OR created_at < ?4 OR (created_at = ?4 AND run_id < ?5)) \
+             ORDER BY created_at DESC, run_id DESC LIMIT ?3"
         ))
         .bind(&q.state)
         .bind(&q.workflow)
         .bind(q.limit)
+        .bind(q.before.as_ref().map(|b| b.0))
+        .bind(q.before.as_ref().map(|b| b.1.as_str()))
         .fetch_all(&self.pool)
         .await?;
         Ok(rows.iter().map(run_row).collect())

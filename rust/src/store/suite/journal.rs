@@ -258,6 +258,7 @@ pub async fn runs_are_listed_and_read_back(s: Arc<dyn Store>) {
         state: state.map(String::from),
         workflow: workflow.map(String::from),
         limit,
+        before: None,
     };
     let ids = |rows: Vec<crate::store::journal::RunRow>| {
         rows.into_iter().map(|r| r.run_id).collect::<Vec<_>>()
@@ -285,6 +286,23 @@ pub async fn runs_are_listed_and_read_back(s: Arc<dyn Store>) {
             .unwrap()),
         Vec::<String>::new()
     );
+    // Paging by the last run of the previous page walks every run once, newest first.
+    let mut walked = vec![];
+    let mut before = None;
+    loop {
+        let page = s
+            .list_runs(&RunQuery {
+                limit: 1,
+                before: before.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let Some(last) = page.last() else { break };
+        before = Some((last.created_at, last.run_id.clone()));
+        walked.extend(ids(page));
+    }
+    assert_eq!(walked, ["c", "b", "a"]);
     let (run, steps) = s.run_get("a").await.unwrap().unwrap();
     assert_eq!(run.state, "running");
     assert_eq!(steps.len(), 1);
