@@ -199,7 +199,7 @@ async def time_async(fn: Callable[[], Awaitable[object]]) -> tuple[float, float]
 
 
 async def anchors(
-    url: str, some: gnl.JobInfo, middle: tuple[int, str]
+    url: str, some: gnl.JobInfo, mid_run: tuple[int, str]
 ) -> dict[str, tuple[float, float]]:
     async with await gnl.connect(url) as st:
         w = st.work
@@ -227,8 +227,11 @@ async def anchors(
             "runs, state=failed": await time_async(
                 lambda: gnl.list_runs(st, state="failed", limit=51)
             ),
+            "runs, state=suspended (none: the whole index walked)": await time_async(
+                lambda: gnl.list_runs(st, state="suspended", limit=51)
+            ),
             "runs, a middle page": await time_async(
-                lambda: gnl.list_runs(st, limit=51, before=middle)
+                lambda: gnl.list_runs(st, limit=51, before=mid_run)
             ),
             "run": await time_async(lambda: gnl.get_run(st, "run-0000001")),
             "triggers": await time_async(lambda: gnl.list_triggers(st)),
@@ -308,6 +311,7 @@ def bench(backend: str) -> None:
                 "audit": "/audit",
                 "runs": "/runs",
                 "runs, state=failed": "/runs?state=failed",
+                "runs, state=suspended (none: the whole index walked)": "/runs?state=suspended",
                 "runs, a middle page": f"/runs?before={middle[0]}:{middle[1]}",
                 "runs table (htmx refresh)": "/runs/table",
                 "run": "/run?id=run-0000001",

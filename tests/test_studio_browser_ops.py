@@ -42,9 +42,7 @@ class RunningConsumer:
             self.got.append(meta.id)
 
         async with await gnl.connect(self.url) as st:
-            con = gnl.create_consumer(
-                st.work, "t", handler, name="c", poll_ms=50, max_poll_ms=200
-            )
+            con = gnl.create_consumer(st.work, "t", handler, name="c", poll_ms=50, max_poll_ms=200)
             con.start()
             self.ready.set()
             while not self.done.is_set():

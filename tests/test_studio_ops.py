@@ -196,6 +196,7 @@ def test_dead_events_by_consumer_are_retried_one_or_all_shown_after_a_count(
     ops_url: str, studio: Studio
 ) -> None:
     c = Client(studio.port, token=ADMIN)
+    assert re.search(r'id="total-dead-events">3<', c.get("/").text), "at a glance"
     page = c.get("/dead-events")
     assert page.status == 200 and re.search(r'id="dead-total">3<', page.text)
     rows = re.findall(r"<td>t</td>\s*<td>(\w+)</td>\s*<td class=\"num\">(.*?)</td>", page.text)

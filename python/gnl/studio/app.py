@@ -270,7 +270,10 @@ class Studio:
             for st, n in jc.states.items():
                 totals[st] = totals.get(st, 0) + n
         last = orgs[-1] if orgs else None
+        consumers = await gnl.list_consumers(self.store.work, limit=pages.PER_PAGE + 1)
         return {
+            "dead_events": sum(x.dead for x in consumers[: pages.PER_PAGE]),
+            "dead_events_more": len(consumers) > pages.PER_PAGE,
             "counts": counts,
             "totals": totals,
             "estimate": any(not jc.complete for jc in counts) or more or after is not None,
