@@ -11,7 +11,7 @@ one consumer and CONSUMERS more consumers (one dead event each).
 
 The anchor: the public-API calls a page makes, timed in-process on the same store
 (``list_orgs`` + ``count_jobs`` of one page of organizations for the overview, ``scan_jobs``
-for the jobs pages, ``get_job`` for a job, ``list_runs`` / ``get_run``, ``list_triggers``,
+for the jobs pages, ``get_job`` for a job, ``scan_runs`` / ``get_run``, ``list_triggers``,
 ``list_consumers``, ``list_dead_events``): the ratio page ÷ anchor is what the web layer
 (HTTP, templates, a second process) adds.
 
@@ -223,15 +223,13 @@ async def anchors(
                 lambda: gnl.scan_jobs(w, org_id=some.org_id, state="pending", limit=50, scan=2_000)
             ),
             "job": await time_async(lambda: gnl.get_job(w, some.id, some.org_id)),
-            "runs": await time_async(lambda: gnl.list_runs(st, limit=51)),
-            "runs, state=failed": await time_async(
-                lambda: gnl.list_runs(st, state="failed", limit=51)
-            ),
-            "runs, state=suspended (none: the whole index walked)": await time_async(
-                lambda: gnl.list_runs(st, state="suspended", limit=51)
+            "runs": await time_async(lambda: gnl.scan_runs(st)),
+            "runs, state=failed": await time_async(lambda: gnl.scan_runs(st, state="failed")),
+            "runs, state=suspended (none: 2,000 examined)": await time_async(
+                lambda: gnl.scan_runs(st, state="suspended")
             ),
             "runs, a middle page": await time_async(
-                lambda: gnl.list_runs(st, limit=51, before=mid_run)
+                lambda: gnl.scan_runs(st, cursor=f"{mid_run[0]}:{mid_run[1]}")
             ),
             "run": await time_async(lambda: gnl.get_run(st, "run-0000001")),
             "triggers": await time_async(lambda: gnl.list_triggers(st)),
@@ -311,8 +309,8 @@ def bench(backend: str) -> None:
                 "audit": "/audit",
                 "runs": "/runs",
                 "runs, state=failed": "/runs?state=failed",
-                "runs, state=suspended (none: the whole index walked)": "/runs?state=suspended",
-                "runs, a middle page": f"/runs?before={middle[0]}:{middle[1]}",
+                "runs, state=suspended (none: 2,000 examined)": "/runs?state=suspended",
+                "runs, a middle page": f"/runs?cursor={middle[0]}:{middle[1]}",
                 "runs table (htmx refresh)": "/runs/table",
                 "run": "/run?id=run-0000001",
                 "triggers": "/triggers",

@@ -22,6 +22,7 @@ from .durable import (
     get_run,
     list_runs,
     resolve_step,
+    scan_runs,
 )
 from .errors import (
     CronError,
@@ -166,5 +167,6 @@ __all__ = [
     "redact_url",
     "retry_job",
     "scan_jobs",
+    "scan_runs",
     "upgrade",
 ]

@@ -214,6 +214,14 @@ def list_runs(
     limit: int,
     before: tuple[int, str] | None = None,
 ) -> Awaitable[list[RawRun]]: ...
+def scan_runs(
+    store: NativeStore,
+    state: str | None,
+    workflow: str | None,
+    limit: int,
+    scan: int,
+    before: tuple[int, str] | None,
+) -> Awaitable[tuple[list[RawRun], tuple[int, str] | None]]: ...
 def runs_due(
     store: NativeStore, workflows: list[str], owner: str, lease_ms: int, limit: int
 ) -> Awaitable[list[RawRun]]: ...

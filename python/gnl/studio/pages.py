@@ -1,6 +1,6 @@
 """Studio's pages for durable runs, triggers and dead events (the jobs pages are in
 :mod:`gnl.studio.app`). Every read and action goes through gnl's public API
-(:func:`gnl.list_runs`, :func:`gnl.get_run`, :func:`gnl.resolve_step`, :func:`gnl.list_triggers`,
+(:func:`gnl.scan_runs`, :func:`gnl.get_run`, :func:`gnl.resolve_step`, :func:`gnl.list_triggers`,
 :func:`gnl.unschedule`, :func:`gnl.list_consumers`, :func:`gnl.list_dead_events`,
 :func:`gnl.retry_dead_event`); the Guard (:mod:`gnl.studio.security`) has already checked the
 CSRF token and the admin role of every POST that reaches a handler here.
@@ -35,18 +35,6 @@ def _form(request: Request, name: str) -> str:
     return (form_values(request.state, name) or [""])[0]
 
 
-def _run_cursor(run: gnl.RunInfo) -> str:
-    """The runs page's cursor: the last run shown, as ``created_at:run_id``."""
-    return f"{run.created_at}:{run.run_id}"
-
-
-def _parse_run_cursor(text: str) -> tuple[int, str] | None:
-    at, sep, run_id = text.partition(":")
-    if not sep or not at.isdigit() or not run_id:
-        return None
-    return int(at), run_id
-
-
 def _parse_pair(text: str) -> tuple[str, str] | None:
     try:
         v = json.loads(text)
@@ -76,29 +64,29 @@ class Pages:
         q = request.query_params
         state = q.get("state") or None
         workflow = q.get("workflow") or None
-        raw = q.get("before") or ""
-        before = _parse_run_cursor(raw) if raw else None
+        cursor = q.get("cursor") or None
         error = None
-        runs: list[gnl.RunInfo] = []
-        if raw and before is None:
-            error = "before must be created_at:run_id (the link's cursor)"
-        else:
-            try:
-                runs = await gnl.list_runs(
-                    self.store, state=state, workflow=workflow, limit=PER_PAGE + 1, before=before
-                )
-            except gnl.InvalidArgumentError as e:
-                error = str(e)
-        more = len(runs) > PER_PAGE
-        runs = runs[:PER_PAGE]
+        page: gnl.Page[gnl.RunInfo] = gnl.Page([], None)
+        try:
+            page = await gnl.scan_runs(
+                self.store,
+                state=state,
+                workflow=workflow,
+                limit=PER_PAGE,
+                scan=self.studio.config.list_scan,
+                cursor=cursor,
+            )
+        except gnl.InvalidArgumentError as e:
+            error = str(e)
         return {
-            "runs": runs,
+            "runs": page.items,
             "state": state or "",
             "workflow": workflow or "",
-            "before": raw,
-            "next_before": _run_cursor(runs[-1]) if more else None,
+            "cursor": cursor or "",
+            "next_cursor": page.next_cursor,
             "states": RUN_STATES,
             "error": error,
+            "scan": self.studio.config.list_scan,
         }
 
     async def runs(self, request: Request) -> Response:
