@@ -46,6 +46,7 @@ from .errors import (
     StepOutcomeUnknownError,
     StoreUnavailableError,
 )
+from .queue import Page
 from .signal import RevocationSignal
 from .storage import Journal, Storage, WorkStore, native_of
 
@@ -62,6 +63,7 @@ __all__ = [
     "create_workflow_waker",
     "get_run",
     "list_runs",
+    "scan_runs",
     "resolve_step",
     "run_step",
 ]
@@ -750,6 +752,7 @@ async def list_runs(
     state: str | None = None,
     workflow: str | None = None,
     limit: int = 50,
+    before: RunInfo | tuple[int, str] | None = None,
 ) -> list[RunInfo]:
     """Runs, newest first (``gnl runs list``); their ``steps`` are left empty.
 
@@ -758,13 +761,78 @@ async def list_runs(
         state: Only runs in this state (``running``, ``suspended``, ``done``, ``failed``).
         workflow: Only runs of this workflow.
         limit: At most this many (1 to 10,000).
+        before: The next page: only runs listed after this one — the last run of the previous
+            page, or its ``(created_at, run_id)`` (created_at in epoch ms UTC). The order is
+            ``created_at`` then the run's key, both descending, so pages never overlap or skip.
 
     Raises:
         InvalidArgumentError: an unknown state or a limit out of range.
+        TypeError: ``before`` is not a RunInfo nor an ``(int, str)`` pair.
     """
     check_int(limit, "limit", 1, 10_000)
+    after: tuple[int, str] | None = None
+    if isinstance(before, RunInfo):
+        after = (before.created_at, before.run_id)
+    elif before is not None:
+        if not (
+            isinstance(before, tuple)
+            and len(before) == 2
+            and isinstance(before[0], int)
+            and not isinstance(before[0], bool)
+            and isinstance(before[1], str)
+        ):
+            raise TypeError("before must be a RunInfo or a (created_at, run_id) pair")
+        after = before
     native = native_of(_journal_of(storage), "journal")
-    return [_run_info(r) for r in await _native.list_runs(native, state, workflow, limit)]
+    return [_run_info(r) for r in await _native.list_runs(native, state, workflow, limit, after)]
+
+
+def _run_cursor(at_id: tuple[int, str] | None) -> str | None:
+    return None if at_id is None else f"{at_id[0]}:{at_id[1]}"
+
+
+async def scan_runs(
+    storage: Storage | Journal,
+    *,
+    state: str | None = None,
+    workflow: str | None = None,
+    limit: int = 50,
+    scan: int = 2_000,
+    cursor: str | None = None,
+) -> Page[RunInfo]:
+    """A bounded page of runs for dashboards: of the next ``scan`` runs in listing order (newest
+    first), those that match, up to ``limit``; their ``steps`` are left empty.
+
+    Unlike :func:`list_runs`, a page costs at most ``scan`` rows read whatever the filter, so a
+    page can hold fewer than ``limit`` runs — even none — while ``next_cursor`` says more are
+    left.
+
+    Args:
+        storage: A :class:`~gnl.Storage` or its journal.
+        state: Only runs in this state (``running``, ``suspended``, ``done``, ``failed``).
+        workflow: Only runs of this workflow.
+        limit: At most this many runs (1 to 10,000).
+        scan: Examine at most this many runs (``limit`` to 100,000).
+        cursor: The previous page's ``next_cursor``; None for the first page.
+
+    Returns:
+        The page; its ``next_cursor`` is None at the end of the listing.
+
+    Raises:
+        InvalidArgumentError: an unknown state, a limit or scan out of range, a malformed
+            cursor.
+    """
+    check_int(limit, "limit", 1, 10_000)
+    check_int(scan, "scan", limit, 100_000)
+    before = None
+    if cursor is not None:
+        at, sep, run_id = cursor.partition(":") if isinstance(cursor, str) else ("", "", "")
+        if not sep or not at.isdigit() or not run_id:
+            raise InvalidArgumentError("cursor must be a next_cursor of scan_runs")
+        before = (int(at), run_id)
+    native = native_of(_journal_of(storage), "journal")
+    rows, nxt = await _native.scan_runs(native, state, workflow, limit, scan, before)
+    return Page([_run_info(r) for r in rows], _run_cursor(nxt))
 
 
 async def get_run(storage: Storage | Journal, run_id: str) -> RunInfo | None:

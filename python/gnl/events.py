@@ -32,6 +32,7 @@ log = logging.getLogger("gnl")
 
 __all__ = [
     "Consumer",
+    "ConsumerInfo",
     "ConsumerLag",
     "DeadEvent",
     "EventMeta",
@@ -40,6 +41,7 @@ __all__ = [
     "create_consumer",
     "emit",
     "emit_many",
+    "list_consumers",
     "list_dead_events",
     "retry_dead_event",
 ]
@@ -49,6 +51,7 @@ FETCH_BATCH = 100
 _DEFAULT_DELAY_MS = 60_000
 _MAX_DEFAULT_DELAY_MS = 3_600_000
 _EVENT_KEYS = ("payload", "id", "org_id", "deliver_at", "delay_ms")
+_ALL = 2**63 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +109,7 @@ class DeadEvent:
         error: The last attempt's error.
         at: When it was quarantined (epoch ms UTC).
         payload: The event's payload.
+        seq: Its position in the topic's log (``after_seq`` of :func:`list_dead_events`).
     """
 
     id: str
@@ -115,6 +119,24 @@ class DeadEvent:
     error: str
     at: int
     payload: JSON
+    seq: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerInfo:
+    """A consumer in a listing (:func:`list_consumers`).
+
+    Attributes:
+        topic: Its topic.
+        consumer: Its name.
+        heartbeat_at: The last write of its lease holder (epoch ms UTC), or None.
+        dead: Its quarantine records (:func:`list_dead_events`).
+    """
+
+    topic: str
+    consumer: str
+    heartbeat_at: int | None
+    dead: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,15 +271,63 @@ def _payload(text: str) -> JSON:
     return json.loads(text)
 
 
-async def list_dead_events(work: WorkStore | Storage, topic: str, consumer: str) -> list[DeadEvent]:
+async def list_dead_events(
+    work: WorkStore | Storage,
+    topic: str,
+    consumer: str,
+    *,
+    after_seq: int = 0,
+    limit: int | None = None,
+) -> list[DeadEvent]:
     """The quarantined events of ``consumer`` on ``topic``, in log order.
 
+    Args:
+        work: A :class:`~gnl.Storage` or its work store.
+        topic: The topic.
+        consumer: The consumer name.
+        after_seq: The next page: only records past this log position (the last record's
+            :attr:`DeadEvent.seq` of the previous page).
+        limit: At most this many (at least 1); None: all of them.
+
     Raises:
-        InvalidArgumentError: a bad topic or consumer name.
+        InvalidArgumentError: a bad topic or consumer name, a negative ``after_seq`` or a
+            ``limit`` below 1.
         StoreUnavailableError: the store cannot be reached.
     """
-    rows = await _native.event_dead(native_of(work), topic, consumer)
-    return [DeadEvent(r[0], topic, consumer, r[3], r[4], r[5], _payload(r[6])) for r in rows]
+    check_int(after_seq, "after_seq", 0)
+    if limit is not None:
+        check_int(limit, "limit", 1)
+    n = _ALL if limit is None else limit
+    rows = await _native.event_dead(native_of(work), topic, consumer, after_seq, n)
+    return [DeadEvent(r[0], topic, consumer, r[3], r[4], r[5], _payload(r[6]), r[1]) for r in rows]
+
+
+async def list_consumers(
+    work: WorkStore | Storage,
+    *,
+    after: tuple[str, str] | None = None,
+    limit: int = 100,
+) -> list[ConsumerInfo]:
+    """The consumers that ever ran, in ``(topic, consumer)`` order, each with its count of
+    quarantined events (Studio's dead-events page; :func:`list_dead_events` lists them).
+
+    Args:
+        work: A :class:`~gnl.Storage` or its work store.
+        after: The next page: only consumers after this ``(topic, consumer)`` pair.
+        limit: At most this many (1 to 10,000).
+
+    Raises:
+        InvalidArgumentError: ``limit`` out of range.
+        TypeError: ``after`` is not a pair of str.
+        StoreUnavailableError: the store cannot be reached.
+    """
+    check_int(limit, "limit", 1, 10_000)
+    if after is not None and not (
+        isinstance(after, tuple) and len(after) == 2 and all(isinstance(x, str) for x in after)
+    ):
+        raise TypeError("after must be a (topic, consumer) pair of str")
+    rows = await _native.event_consumers(native_of(work), after, limit)
+    return [ConsumerInfo(*r) for r in rows]
 
 
 async def retry_dead_event(work: WorkStore | Storage, topic: str, consumer: str, id: str) -> bool:

@@ -304,34 +304,43 @@ fn run_get<'py>(
     })
 }
 
-/// Runs, newest first.
-#[pyfunction]
-#[pyo3(signature = (store, state, workflow, limit))]
-fn list_runs<'py>(
-    py: Python<'py>,
-    store: &NativeStore,
-    state: Option<String>,
-    workflow: Option<String>,
-    limit: i64,
-) -> PyResult<Bound<'py, PyAny>> {
+/// A run listing's limit (1 to 10,000) and state filter.
+fn check_run_query(state: Option<&str>, limit: i64) -> PyResult<()> {
     if !(1..=10_000).contains(&limit) {
         return Err(InvalidArgumentError::new_err(format!(
             "limit must be between 1 and 10000, got {limit}"
         )));
     }
-    if let Some(st) = &state {
-        if !RUN_STATES.contains(&st.as_str()) {
+    if let Some(st) = state {
+        if !RUN_STATES.contains(&st) {
             return Err(InvalidArgumentError::new_err(format!(
                 "state must be one of {}, got {st:?}",
                 RUN_STATES.join(", ")
             )));
         }
     }
+    Ok(())
+}
+
+/// Runs, newest first.
+#[pyfunction]
+#[pyo3(signature = (store, state, workflow, limit, before=None))]
+fn list_runs<'py>(
+    py: Python<'py>,
+    store: &NativeStore,
+    state: Option<String>,
+    workflow: Option<String>,
+    limit: i64,
+    before: Option<(i64, String)>,
+) -> PyResult<Bound<'py, PyAny>> {
+    check_run_query(state.as_deref(), limit)?;
     let s = store.inner.clone();
     let q = RunQuery {
         state,
         workflow,
         limit,
+        before,
+        scan: None,
     };
     spawn(py, async move {
         Ok(s.list_runs(&q)
@@ -339,6 +348,47 @@ fn list_runs<'py>(
             .into_iter()
             .map(RawRun::from)
             .collect::<Vec<_>>())
+    })
+}
+
+/// Runs, newest first, of at most `scan` examined past `before`: `(runs, next)`, `next` the
+/// cursor of the next page (the last run returned when the page is full, else where the scan
+/// ended) or None at the end of the listing.
+#[pyfunction]
+#[pyo3(signature = (store, state, workflow, limit, scan, before))]
+#[allow(clippy::too_many_arguments)]
+fn scan_runs<'py>(
+    py: Python<'py>,
+    store: &NativeStore,
+    state: Option<String>,
+    workflow: Option<String>,
+    limit: i64,
+    scan: i64,
+    before: Option<(i64, String)>,
+) -> PyResult<Bound<'py, PyAny>> {
+    check_run_query(state.as_deref(), limit)?;
+    if !(limit..=100_000).contains(&scan) {
+        return Err(InvalidArgumentError::new_err(format!(
+            "scan must be between limit ({limit}) and 100000, got {scan}"
+        )));
+    }
+    let s = store.inner.clone();
+    let q = RunQuery {
+        state,
+        workflow,
+        limit,
+        before,
+        scan: Some(scan),
+    };
+    spawn(py, async move {
+        let rows = s.list_runs(&q).await?;
+        let next = if rows.len() as i64 == limit {
+            rows.last().map(|r| (r.created_at, r.run_id.clone()))
+        } else {
+            let before = q.before.as_ref().map(|(at, id)| (*at, id.as_str()));
+            s.runs_edge(before, scan).await?
+        };
+        Ok((rows.into_iter().map(RawRun::from).collect::<Vec<_>>(), next))
     })
 }
 
@@ -562,6 +612,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run_fail, m)?)?;
     m.add_function(wrap_pyfunction!(run_get, m)?)?;
     m.add_function(wrap_pyfunction!(list_runs, m)?)?;
+    m.add_function(wrap_pyfunction!(scan_runs, m)?)?;
     m.add_function(wrap_pyfunction!(runs_due, m)?)?;
     m.add_function(wrap_pyfunction!(lock_acquire, m)?)?;
     m.add_function(wrap_pyfunction!(lock_release, m)?)?;
