@@ -156,6 +156,9 @@ def test_three_producers_two_names_each_event_once_in_log_order(
     backend: str, store_url: Callable[[], str], tmp_path: Path
 ) -> None:
     url = store_url()
+    # Migrate the fresh store first: seven processes connecting to an empty MySQL store at
+    # once can see its schema half-made (SchemaOutdatedError in the ones that did not migrate).
+    assert asyncio.run(lag(url, "a")) is None
     n = 150
     want = {i for p in range(3) for i in producer_ids(p, n)}
     raw = Raw(backend, url)
