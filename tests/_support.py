@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import gnl
@@ -77,3 +82,34 @@ def outdated_sqlite_store(path: str) -> str:
     for code in steps:
         subprocess.run([sys.executable, "-c", code, url, path], check=True, timeout=60)
     return url
+
+
+@contextmanager
+def processes(
+    script: str, tmp: Path, stop_timeout: float = 30
+) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """Child processes of a multi-process proof: ``spawn(mode, url, *args, **env)`` starts
+    ``python script mode url tmp *args`` with ``env`` added to this process's environment.
+    On exit ``tmp/stop`` is created and every child is waited for (killed after
+    ``stop_timeout`` s)."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def spawn(mode: str, url: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
+        p = subprocess.Popen(
+            [sys.executable, script, mode, url, str(tmp), *args],
+            env={**os.environ, **env},
+            stdout=subprocess.DEVNULL,
+        )
+        procs.append(p)
+        return p
+
+    try:
+        yield spawn
+    finally:
+        (tmp / "stop").touch()
+        for p in procs:
+            try:
+                p.wait(timeout=stop_timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
