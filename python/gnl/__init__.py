@@ -7,6 +7,7 @@ Everything public is exported here (API.md is the contract).
 from __future__ import annotations
 
 from . import _bridge  # noqa: F401  (registers the exit hook)
+from .app import App, AppError
 from .cron import cron_times, next_cron_time, parse_field
 from .durable import (
     Gnl,
@@ -89,6 +90,8 @@ from .worker import DrainResult, Handler, JobContext, Worker, create_worker
 __version__ = "0.1.0"
 
 __all__ = [
+    "App",
+    "AppError",
     "unschedule",
     "schedule_workflow",
     "poll_scheduler",

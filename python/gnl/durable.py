@@ -31,6 +31,7 @@ import logging
 import os
 import secrets
 import socket
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -169,6 +170,16 @@ def _loads(text: str | None) -> Any:
     return None if text is None else _scan(text, 0)[0]
 
 
+def _decode_done(recorded: list[_Rec]) -> dict[int, Any]:
+    """The recorded results of the done steps by position, decoded in one call (a replay of
+    1,000 steps decodes them in ~0.08 ms instead of ~0.25 ms one by one)."""
+    done = [r for r in recorded if r[3] == "done"]
+    if not done:
+        return {}
+    values = _scan("[" + ",".join(r[4] or "null" for r in done) + "]", 0)[0]
+    return {r[2]: v for r, v in zip(done, values, strict=True)}
+
+
 def _run_info(raw: _native.RawRun, steps: list[_Rec] | None = None) -> RunInfo:
     return RunInfo(
         run_id=raw.run_id,
@@ -219,6 +230,7 @@ class _Steps:
         "run_id",
         "signal",
         "sleeps",
+        "values",
     )
 
     def __init__(self, native: _native.NativeStore, run_id: str, signal: RevocationSignal) -> None:
@@ -228,6 +240,8 @@ class _Steps:
         self.counts: dict[str, int] = {}
         self.pos = 0
         self.recorded: dict[int, _Rec] | None = None
+        #: The decoded results of ``recorded``'s done steps, by position.
+        self.values: dict[int, Any] = {}
         self.now_ms = 0
         self.sleeps = False
         # SQLite records a new step at once on this thread (``step_put_now``), without the
@@ -420,7 +434,28 @@ class WorkflowContext:
             GnlError: the run's journal records another step at this position (the code
                 changed under a started run); the run fails.
         """
-        return await self._steps.step(name, fn, args, at_most_once)
+        s = self._steps
+        recorded = s.recorded
+        if recorded is not None:
+            # Replay of a recorded step, in this one coroutine (a resume of 1,000 recorded
+            # steps is mostly this path): the same checks as ``_Steps.step``; anything else
+            # (a new step, a mismatch, an at-most-once intent) takes the full path.
+            pos = s.pos
+            rec = recorded.get(pos)
+            if (
+                rec is not None
+                and rec[0] == name
+                and rec[3] == "done"
+                and rec[1] == s.counts.get(name, 0)
+                and not name.startswith("gnl.")
+                and callable(fn)
+                and at_most_once.__class__ is bool
+            ):
+                s.signal.raise_if_aborted()
+                s.pos = pos + 1
+                s.counts[name] = rec[1] + 1
+                return s.values.pop(pos)
+        return await s.step(name, fn, args, at_most_once)
 
     async def sleep(self, ms: int) -> None:
         """Sleep durably: record the wake-up (store clock + ``ms``) and suspend the run.
@@ -488,6 +523,7 @@ async def execute(
     owner = _owner()
     job = steps is not None
     lock: int | None = None
+    sent = time.monotonic()
     if preset == "critical":
         lock = await _native.lock_acquire(native, run_id, owner, lease_ms)
         if lock is None:
@@ -513,13 +549,23 @@ async def execute(
                 lock or 0,
                 lambda why: signal.abort(why, f"run {run_id!r} lost its run lock"),
                 loop,
+                int((time.monotonic() - sent) * 1000) + 1,  # the lock's age: acquired before
             )
+            if lock is not None and not keeper.held():
+                # The run lock lapsed before the body started (a slow store or process):
+                # another executor may hold it now.
+                raise RunBusyError(
+                    f"run {run_id!r} is being executed elsewhere (its run lock lapsed before "
+                    "the run started)",
+                    at_lock_acquisition=True,
+                )
         if steps is None:
             steps = _Steps(native, run_id, signal)
             steps.sleeps = True
         else:
             steps.signal = signal
         steps.recorded = {r[2]: r for r in recorded}
+        steps.values = _decode_done(recorded)
         steps.now_ms = now
         if not created:
             input = _loads(rec_input)

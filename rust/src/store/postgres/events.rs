@@ -19,16 +19,20 @@ use crate::store::events::*;
 /// Rows per `INSERT … SELECT FROM unnest(…)` of an emit.
 const EMIT_ROWS: usize = 20_000;
 
+// Each arm is ordered and limited on its own (an index walk that stops after `$5` rows): a
+// limit only on the union made Postgres read and sort the whole backlog on every fetch.
 const CANDIDATES: &str = "SELECT seq, id, org, payload, emitted_at, attempts FROM ( \
-       SELECT e.seq, e.id, e.org, e.payload, e.emitted_at, coalesce(m.attempts, 0) AS attempts \
+       (SELECT e.seq, e.id, e.org, e.payload, e.emitted_at, coalesce(m.attempts, 0) AS attempts \
        FROM gnl_events e LEFT JOIN gnl_event_marks m \
          ON m.topic = e.topic AND m.name = $2 AND m.seq = e.seq \
        WHERE e.topic = $1 AND e.seq > $3 AND e.deliver_at <= $4 \
          AND (m.seq IS NULL OR (m.state = 'wait' AND m.due_at <= $4)) \
+       ORDER BY e.seq LIMIT $5) \
        UNION ALL \
-       SELECT e.seq, e.id, e.org, e.payload, e.emitted_at, m.attempts \
+       (SELECT e.seq, e.id, e.org, e.payload, e.emitted_at, m.attempts \
        FROM gnl_event_marks m JOIN gnl_events e ON e.topic = m.topic AND e.seq = m.seq \
-       WHERE m.topic = $1 AND m.name = $2 AND m.seq <= $3 AND m.state = 'wait' AND m.due_at <= $4) c \
+       WHERE m.topic = $1 AND m.name = $2 AND m.seq <= $3 AND m.state = 'wait' AND m.due_at <= $4 \
+       ORDER BY m.seq LIMIT $5)) c \
      ORDER BY seq LIMIT $5";
 
 impl PostgresStore {

@@ -15,16 +15,20 @@ use crate::store::events::*;
 
 /// The due candidates of a fetch past the cursor (`?1` topic, `?2` name, `?3` cursor, `?4`
 /// now, `?5` limit) and the handed-back events below it.
+// Each arm is limited and ordered on its own (an index walk that stops after `?5` rows): a
+// limit only on the union made SQLite sort the whole backlog past the cursor on every fetch.
 const CANDIDATES: &str = "SELECT seq, id, org, payload, emitted_at, attempts FROM ( \
-       SELECT e.seq, e.id, e.org, e.payload, e.emitted_at, coalesce(m.attempts, 0) AS attempts \
+       SELECT * FROM (SELECT e.seq, e.id, e.org, e.payload, e.emitted_at, coalesce(m.attempts, 0) AS attempts \
        FROM gnl_events e LEFT JOIN gnl_event_marks m \
          ON m.topic = e.topic AND m.name = ?2 AND m.seq = e.seq \
        WHERE e.topic = ?1 AND e.seq > ?3 AND e.deliver_at <= ?4 \
          AND (m.seq IS NULL OR (m.state = 'wait' AND m.due_at <= ?4)) \
+       ORDER BY e.seq LIMIT ?5) \
        UNION ALL \
-       SELECT e.seq, e.id, e.org, e.payload, e.emitted_at, m.attempts \
+       SELECT * FROM (SELECT e.seq, e.id, e.org, e.payload, e.emitted_at, m.attempts \
        FROM gnl_event_marks m JOIN gnl_events e ON e.topic = m.topic AND e.seq = m.seq \
-       WHERE m.topic = ?1 AND m.name = ?2 AND m.seq <= ?3 AND m.state = 'wait' AND m.due_at <= ?4) \
+       WHERE m.topic = ?1 AND m.name = ?2 AND m.seq <= ?3 AND m.state = 'wait' AND m.due_at <= ?4 \
+       ORDER BY m.seq LIMIT ?5)) \
      ORDER BY seq LIMIT ?5";
 
 impl SqliteStore {
