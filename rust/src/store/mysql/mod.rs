@@ -343,6 +343,34 @@ impl Store for MysqlStore {
         )
     }
 
+    async fn settled_schema_version(&self) -> Result<Option<i64>> {
+        // The migrators' named lock, taken and given back: a migration in progress (its
+        // versions commit one by one) is waited for, up to 30 s.
+        let mut conn = self.pool.acquire().await?;
+        self.counted(1);
+        let got: Option<i64> =
+            sqlx::query_scalar("SELECT GET_LOCK(CONCAT('gnl_migrate:', LEFT(DATABASE(), 48)), 30)")
+                .fetch_one(&mut *conn)
+                .await?;
+        if got != Some(1) {
+            return Err(Error::StoreUnavailable {
+                reason: "another process has been migrating this database's gnl schema for 30 s"
+                    .into(),
+                code: None,
+            });
+        }
+        self.counted(1);
+        let released =
+            sqlx::query("SELECT RELEASE_LOCK(CONCAT('gnl_migrate:', LEFT(DATABASE(), 48)))")
+                .execute(&mut *conn)
+                .await;
+        if released.is_err() {
+            // Never back into the pool holding the lock: the session ends, and the lock with it.
+            let _ = sqlx::Connection::close(conn.detach()).await;
+        }
+        self.schema_version().await
+    }
+
     async fn migrate(&self) -> Result<()> {
         // MySQL DDL commits as it goes: a named lock (per database) keeps two migrators apart.
         let mut conn = self.pool.acquire().await?;
