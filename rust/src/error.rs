@@ -166,6 +166,18 @@ impl Error {
     }
 }
 
+impl Error {
+    /// A SQLite lock held by another connection (SQLITE_BUSY and its extended codes).
+    pub(crate) fn is_sqlite_busy(&self) -> bool {
+        match self {
+            Error::StoreUnavailable { code: Some(c), .. } => {
+                c.parse::<u32>().is_ok_and(|n| n & 0xff == 5)
+            }
+            _ => false,
+        }
+    }
+}
+
 impl From<sqlx::Error> for Error {
     fn from(e: sqlx::Error) -> Self {
         match e {

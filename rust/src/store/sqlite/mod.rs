@@ -42,7 +42,7 @@ pub struct SqliteStore {
     write: std::sync::Arc<tokio::sync::Mutex<()>>,
     queries: AtomicU64,
     /// When expired leases were last looked for (monotonic).
-    reclaims: ReclaimThrottle,
+    reclaims: std::sync::Arc<ReclaimThrottle>,
     /// Bind parameters per statement (`sqlite3_limit(SQLITE_LIMIT_VARIABLE_NUMBER)`).
     var_limit: usize,
     /// Added to the wall clock (ms): 0 except where a test steps the clock (`step_clock`).
@@ -165,7 +165,7 @@ impl SqliteStore {
             pool,
             write: std::sync::Arc::new(tokio::sync::Mutex::new(())),
             queries: AtomicU64::new(0),
-            reclaims: ReclaimThrottle::new(),
+            reclaims: std::sync::Arc::new(ReclaimThrottle::new()),
             var_limit,
             clock_shift_ms: AtomicI64::new(0),
             path: match &target {
@@ -247,6 +247,34 @@ impl SqliteStore {
         };
         self.counted(n);
         r
+    }
+
+    /// `on_raw` at once on the calling thread, or not at all (`None`, nothing written): a
+    /// file store whose writers' lock, hot connection and file write lock are all free (no
+    /// waiting: the busy handler is off for the call).
+    fn on_raw_now<T>(&self, f: impl FnOnce(&mut raw::Db, i64) -> Result<T>) -> Option<Result<T>> {
+        let path = self.path.as_deref()?;
+        let _w = self.write.try_lock().ok()?;
+        if self.pool.is_closed() {
+            return Some(Err(Error::Closed));
+        }
+        let mut g = self.hot.try_lock().ok()?;
+        if g.is_none() {
+            *g = Some(raw::Db::open(path, busy_handler).ok()?);
+        }
+        let db = g.as_mut()?;
+        db.set_busy(None);
+        let r = f(db, self.clock_ms());
+        db.set_busy(Some(busy_handler));
+        self.counted(db.take_count());
+        match r {
+            Err(e) if e.is_sqlite_busy() => None,
+            Err(e) => {
+                *g = None;
+                Some(Err(e))
+            }
+            ok => Some(ok),
+        }
     }
 
     async fn begin_write(&self) -> Result<Tx<'static>> {

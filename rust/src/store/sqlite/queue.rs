@@ -12,7 +12,7 @@ use super::raw::{Db, Val};
 use super::{SqliteStore, Tx};
 use crate::error::{Error, Result};
 use crate::model::*;
-use crate::store::queue::{job_counts, job_row, marks, orgs_in_turn, JOB_COLS};
+use crate::store::queue::{job_counts, job_row, marks, orgs_in_turn, ReclaimThrottle, JOB_COLS};
 use crate::store::QueueStore;
 
 /// Whether a lane of one of `types` has a due job: a lane in the turn, or a waiting lane whose
@@ -127,13 +127,20 @@ fn lanes_due_of(db: &mut Db, rows: Vec<Vec<Val>>) -> Result<()> {
         if state.text().as_deref() == Some(PENDING) {
             let run_at = run_at.int();
             let e = lanes
-                .entry((org.text().unwrap_or_default(), typ.text().unwrap_or_default()))
+                .entry((
+                    org.text().unwrap_or_default(),
+                    typ.text().unwrap_or_default(),
+                ))
                 .or_insert(run_at);
             *e = (*e).min(run_at);
         }
     }
     for ((org, typ), run_at) in lanes {
-        db.exec(LANE_DUE, &[Val::Text(org), Val::Text(typ), Val::Int(run_at)], true)?;
+        db.exec(
+            LANE_DUE,
+            &[Val::Text(org), Val::Text(typ), Val::Int(run_at)],
+            true,
+        )?;
     }
     Ok(())
 }
@@ -200,10 +207,18 @@ pub(super) fn write_outcomes(db: &mut Db, outcomes: &[Outcome], hot: &Hot) -> Re
 }
 
 /// After a claim: give the organizations that were served new turn tickets (on the lanes
-/// the claim looked at), in the order they were served, and recompute the next-due bound of
-/// every lane the claim looked at (`looked`: organizations and their types); one statement.
-/// Tickets strictly increase (claims within one millisecond must not tie) and stay near the
-/// store's clock (in 1/4096 ms), so a new organization's ticket 0 sorts first.
+/// the claim looked at), in the order they were served, and recompute whether each lane the
+/// claim looked at (`looked`: organizations and their types) stays in the turn; one
+/// statement. Tickets strictly increase (claims within one millisecond must not tie) and stay
+/// near the store's clock (in 1/4096 ms), so a new organization's ticket 0 sorts first.
+///
+/// Only rows that change are written (each lane row written also moves entries of the
+/// lanes' indexes, which a claim's commit pays for page by page):
+/// * a lane that stays in the turn keeps its `next_run_at` (read only while it waits: a lane
+///   that leaves the turn gets its bound recomputed here, and `LANE_DUE` lowers it);
+/// * one organization served alone that already holds the newest ticket, and holds it
+///   alone, keeps it: a new ticket would leave every lane's order as it is (it is already
+///   last, and every later ticket is larger).
 fn lanes_served(
     db: &mut Db,
     looked: &[(String, Vec<String>)],
@@ -223,39 +238,54 @@ fn lanes_served(
             args.extend([Val::from(org), Val::from(t)]);
         }
     }
-    sql.push_str(") UPDATE gnl_lanes SET served_at = ");
-    if served.is_empty() {
-        sql.push_str("served_at");
-    } else {
-        sql.push_str("CASE gnl_lanes.org");
-        for (i, org) in served.iter().enumerate() {
-            sql.push_str(&format!(" WHEN ? THEN (SELECT v FROM b) + {i}"));
-            args.push(Val::from(*org));
+    sql.push_str("), x(org, type, m, t) AS MATERIALIZED (SELECT org, type, m, ");
+    match served {
+        [] => sql.push_str("NULL"),
+        [org] => {
+            // Kept when it is the newest ticket and this organization's alone.
+            sql.push_str(
+                "CASE WHEN org = ? AND NOT ((SELECT max(served_at) FROM gnl_lanes WHERE org = ?) \
+                   = (SELECT max(served_at) FROM gnl_lanes) AND NOT EXISTS (SELECT 1 FROM gnl_lanes \
+                   WHERE org <> ? AND served_at = (SELECT max(served_at) FROM gnl_lanes))) \
+                 THEN (SELECT v FROM b) END",
+            );
+            args.extend([Val::from(*org), Val::from(*org), Val::from(*org)]);
         }
-        sql.push_str(" ELSE served_at END");
+        _ => {
+            sql.push_str("CASE org");
+            for (i, org) in served.iter().enumerate() {
+                sql.push_str(&format!(" WHEN ? THEN (SELECT v FROM b) + {i}"));
+                args.push(Val::from(*org));
+            }
+            sql.push_str(" END");
+        }
     }
     // A lane stays in the turn while its earliest pending job is due.
-    let earliest = "(SELECT min(j.run_at) FROM gnl_jobs j \
-         WHERE j.org = gnl_lanes.org AND j.type = gnl_lanes.type AND j.state = 'pending')";
+    sql.push_str(
+        " FROM (SELECT l.org, l.type, (SELECT min(j.run_at) FROM gnl_jobs j \
+           WHERE j.org = l.org AND j.type = l.type AND j.state = 'pending') AS m FROM l))",
+    );
     let n = args.len() + 1;
     args.push(Val::Int(now));
     sql.push_str(&format!(
-        ", next_run_at = {earliest}, due = coalesce({earliest} <= ?{n}, 0) \
-         FROM l WHERE gnl_lanes.org = l.org AND gnl_lanes.type = l.type"
+        " UPDATE gnl_lanes SET served_at = coalesce(x.t, gnl_lanes.served_at), \
+           due = coalesce(x.m <= ?{n}, 0), \
+           next_run_at = CASE WHEN coalesce(x.m <= ?{n}, 0) THEN gnl_lanes.next_run_at ELSE x.m END \
+         FROM x WHERE gnl_lanes.org = x.org AND gnl_lanes.type = x.type \
+           AND (x.t IS NOT NULL OR gnl_lanes.due <> coalesce(x.m <= ?{n}, 0) \
+                OR (NOT coalesce(x.m <= ?{n}, 0) AND gnl_lanes.next_run_at IS NOT x.m))"
     ));
     db.exec(&sql, &args, looked.len() <= 4 && served.len() <= 4)?;
     Ok(())
 }
 
+/// Organizations in turn, each with the types of its lanes a claim looked at.
+type Turn = Vec<(String, Vec<String>)>;
+
 /// The organizations in turn that waited longest (at most `limit`) with their lanes' types,
 /// among lanes of `types`; None when a waiting lane of those types has a due job (it must
 /// join the turn first).
-fn pick_lanes(
-    db: &mut Db,
-    types: &[String],
-    now: i64,
-    limit: usize,
-) -> Result<Option<Vec<(String, Vec<String>)>>> {
+fn pick_lanes(db: &mut Db, types: &[String], now: i64, limit: usize) -> Result<Option<Turn>> {
     let sql = pick_lanes_sql(types.len());
     let mut args: Vec<Val> = types.iter().map(Val::from).collect();
     args.push(Val::Int(now));
@@ -391,6 +421,45 @@ pub(super) fn claim_tx(
     Ok(out)
 }
 
+/// A claim on `db`: when it carries no outcomes and `req.probe`, first the empty poll (one
+/// read, whatever the number of lanes: both are index seeks, no write lock taken); then the
+/// claim's transaction (`claim_tx`), looking for expired leases when the poll saw one, else
+/// at most every 250 ms (`ReclaimThrottle`, on the monotonic clock).
+fn claim_db(
+    db: &mut Db,
+    finished: &[Outcome],
+    req: &ClaimRequest,
+    now: i64,
+    reclaims: &ReclaimThrottle,
+    var_limit: usize,
+) -> Result<Vec<ClaimedJob>> {
+    let mut expired = false;
+    if finished.is_empty() && req.probe {
+        let mut args: Vec<Val> = req.types.iter().chain(&req.types).map(Val::from).collect();
+        args.push(Val::Int(now));
+        let sql = format!(
+            "SELECT {}, (SELECT min(lease_expires_at) FROM gnl_jobs WHERE state = 'running')",
+            some_due(req.types.len())
+        );
+        let row = db.rows(&sql, &args, req.types.len() <= 4)?;
+        let mut row = row.into_iter().next().unwrap_or_default().into_iter();
+        let due = row.next().is_some_and(|v| v.int() != 0);
+        expired = matches!(row.next(), Some(Val::Int(t)) if t < now);
+        if !due && !expired {
+            return Ok(vec![]);
+        }
+        if expired {
+            reclaims.looked();
+        }
+    }
+    let hot = Hot {
+        now,
+        reclaim: expired || reclaims.due(),
+        var_limit,
+    };
+    db.write(|db| claim_tx(db, finished, req, &hot))
+}
+
 #[async_trait]
 impl QueueStore for SqliteStore {
     async fn enqueue_batch(&self, jobs: &JobBatch) -> Result<()> {
@@ -466,45 +535,19 @@ impl QueueStore for SqliteStore {
     }
 
     async fn claim(&self, finished: &[Outcome], req: &ClaimRequest) -> Result<Vec<ClaimedJob>> {
-        let now = self.clock_ms();
-        let mut expired = false;
-        if finished.is_empty() && req.probe {
-            // The empty poll: one read, whatever the number of lanes (both are index seeks).
-            self.counted(1);
-            let mut args = SqliteArguments::default();
-            bind_some_due(&mut args, &req.types, now)?;
-            let (due, next_expiry): (bool, Option<i64>) = sqlx::query_as_with(
-                &format!(
-                    "SELECT {}, \
-                     (SELECT min(lease_expires_at) FROM gnl_jobs WHERE state = 'running')",
-                    some_due(req.types.len())
-                ),
-                args,
-            )
-            .fetch_one(&self.pool)
-            .await?;
-            expired = next_expiry.is_some_and(|t| t < now);
-            if !due && !expired {
-                return Ok(vec![]);
-            }
-        }
-        // Without the probe (a claim that carries outcomes), look for expired leases at most
-        // every 250 ms (`ReclaimThrottle`, on the monotonic clock).
-        if expired {
-            self.reclaims.looked();
-        }
-        let reclaim = expired || self.reclaims.due();
         let (finished, req) = (finished.to_vec(), req.clone());
-        let var_limit = self.var_limit;
-        self.on_raw(move |db, now| {
-            let hot = Hot {
-                now,
-                reclaim,
-                var_limit,
-            };
-            db.write(|db| claim_tx(db, &finished, &req, &hot))
-        })
-        .await
+        let (reclaims, var_limit) = (self.reclaims.clone(), self.var_limit);
+        self.on_raw(move |db, now| claim_db(db, &finished, &req, now, &reclaims, var_limit))
+            .await
+    }
+
+    fn claim_now(
+        &self,
+        finished: &[Outcome],
+        req: &ClaimRequest,
+    ) -> Option<Result<Vec<ClaimedJob>>> {
+        let (reclaims, var_limit) = (&self.reclaims, self.var_limit);
+        self.on_raw_now(|db, now| claim_db(db, finished, req, now, reclaims, var_limit))
     }
 
     async fn finish(&self, outcomes: &[Outcome]) -> Result<()> {

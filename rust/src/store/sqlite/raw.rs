@@ -66,6 +66,9 @@ impl From<Option<&str>> for Val {
     }
 }
 
+/// A busy handler, as `sqlite3_busy_handler` takes it.
+type Busy = unsafe extern "C" fn(*mut std::ffi::c_void, c_int) -> c_int;
+
 /// Prepared statements kept per connection at most; past it the cache starts over.
 const KEEP: usize = 128;
 
@@ -129,6 +132,8 @@ impl Db {
             out
         };
         out.batch("PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = OFF")?;
+        // Opening is not one of the calls' queries.
+        out.count = 0;
         Ok(out)
     }
 
@@ -143,6 +148,15 @@ impl Db {
             kept: HashMap::new(),
             count: 0,
         }
+    }
+
+    /// Set the busy handler (None: a lock held by another connection fails at once).
+    pub(super) fn set_busy(
+        &mut self,
+        busy: Option<extern "C" fn(*mut std::ffi::c_void, c_int) -> c_int>,
+    ) {
+        // SAFETY: a valid connection; the handler is a plain function.
+        unsafe { ffi::sqlite3_busy_handler(self.db, busy.map(|f| f as Busy), ptr::null_mut()) };
     }
 
     /// Statements run since the last call.
@@ -162,7 +176,14 @@ impl Db {
             } else {
                 CStr::from_ptr(p).to_string_lossy().into_owned()
             };
-            (if self.db.is_null() || ext == 0 { rc } else { ext }, m)
+            (
+                if self.db.is_null() || ext == 0 {
+                    rc
+                } else {
+                    ext
+                },
+                m,
+            )
         };
         Error::sqlite(msg.0, msg.1)
     }
