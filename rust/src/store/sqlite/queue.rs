@@ -216,9 +216,10 @@ pub(super) fn write_outcomes(db: &mut Db, outcomes: &[Outcome], hot: &Hot) -> Re
 /// lanes' indexes, which a claim's commit pays for page by page):
 /// * a lane that stays in the turn keeps its `next_run_at` (read only while it waits: a lane
 ///   that leaves the turn gets its bound recomputed here, and `LANE_DUE` lowers it);
-/// * one organization served alone that already holds the newest ticket, and holds it
-///   alone, keeps it: a new ticket would leave every lane's order as it is (it is already
-///   last, and every later ticket is larger).
+/// * one organization served alone that already holds the newest ticket, holds it alone,
+///   and has been given one (not the 0 of a lane never served, which a new organization's
+///   lane ties with) keeps it: a new ticket would leave every lane's order as it is (it is
+///   already last, and every later ticket is larger).
 fn lanes_served(
     db: &mut Db,
     looked: &[(String, Vec<String>)],
@@ -245,7 +246,8 @@ fn lanes_served(
             // Kept when it is the newest ticket and this organization's alone.
             sql.push_str(
                 "CASE WHEN org = ? AND NOT ((SELECT max(served_at) FROM gnl_lanes WHERE org = ?) \
-                   = (SELECT max(served_at) FROM gnl_lanes) AND NOT EXISTS (SELECT 1 FROM gnl_lanes \
+                   = (SELECT max(served_at) FROM gnl_lanes) AND (SELECT max(served_at) FROM gnl_lanes) > 0 \
+                   AND NOT EXISTS (SELECT 1 FROM gnl_lanes \
                    WHERE org <> ? AND served_at = (SELECT max(served_at) FROM gnl_lanes))) \
                  THEN (SELECT v FROM b) END",
             );
