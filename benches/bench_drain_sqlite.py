@@ -2,13 +2,15 @@
 
 The work is the peerbench's ``drain.py`` (``../shared/peerbench``) on SQLite: N jobs of type
 ``noop`` (payload ``{"i": i}``), already enqueued, drained by one process whose handler does
-nothing. Two layouts: every job in one organization (one lane), and the jobs spread round-robin
-over 10 organizations (10 lanes, to show what fair lanes cost). Env ``ORGS`` lists the layouts.
+nothing. Layouts: every job in one organization (one lane), and the jobs spread round-robin
+over 50 and 1,000 organizations (as many lanes, to show what fair lanes cost). Env ``ORGS``
+lists the layouts (default ``1,50,1000``).
 
 * gnl: ``gnl.create_worker(storage, {"noop": handler}, concurrency=C)`` then
   ``await worker.drain()`` (leases, attempts, fencing tokens and fair lanes all on; outcomes
   group-committed). Timed: ``drain()`` until it returns (every outcome written). C from env
-  ``C`` (default ``1,100``). The queries gnl sent per job (``storage.query_count``) are shown.
+  ``C`` (default ``1,10,16,32,100``). The queries gnl sent per job (``storage.query_count``)
+  are shown.
 * anchor: a plain Python ``sqlite3`` loop on a table with gnl's job columns and indexes and
   the pragmas gnl sets (``_common.py``), one job per claim, two readings:
 
@@ -20,7 +22,8 @@ over 10 organizations (10 lanes, to show what fair lanes cost). Env ``ORGS`` lis
   - ``1tx``: the same statements with claim and completion in one transaction (the handler
     runs inside it, holding the write lock: no real lease). Shown for reference.
 
-  The loop is one FIFO: no lanes, so the 10-organization layout costs it nothing.
+  The loop is one FIFO: no lanes, so the many-organization layouts cost it nothing. Both
+  sides decode the same JSON payload of every job.
 
 Jobs are enqueued beforehand with ``gnl.enqueue_many`` (gnl) and ``executemany`` (anchor) into
 a template file per layout, not timed; each repetition drains a fresh copy of it. A warm-up
@@ -29,6 +32,7 @@ alternating. Figures are jobs/s; ratio = gnl jobs/s / anchor jobs/s. Issue bar: 
 as fast as the plain loop (ratio >= 1).
 
     N=30000 R=3 .venv/bin/python benches/bench_drain_sqlite.py
+    N=10000 R=1 C=1,16,100 ORGS=1,50 .venv/bin/python benches/bench_drain_sqlite.py
 """
 
 from __future__ import annotations
@@ -46,8 +50,8 @@ import gnl
 
 N = c.env_int("N", 30_000)
 R = c.env_int("R", 3)
-CONCURRENCY = c.env_ints("C", "1,100")
-ORGS = c.env_ints("ORGS", "1,10")
+CONCURRENCY = c.env_ints("C", "1,10,16,32,100")
+ORGS = c.env_ints("ORGS", "1,50,1000")
 ANCHORS = ("2tx", "1tx")
 PRIMARY = "2tx"
 TTL_MS = 30_000

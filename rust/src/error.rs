@@ -148,6 +148,37 @@ const SQLITE_DATA: &[u16] = &[18, 19, 20, 25];
 /// packet too large, value out of range.
 const MYSQL_DATA: &[u16] = &[1048, 1062, 1153, 1264, 1292, 1366, 1406, 3140, 3819, 4025];
 
+impl Error {
+    /// A SQLite error from its extended result code `ext` and message, classified as the
+    /// sqlx path classifies it (transient: `StoreUnavailable`; the data's: `Refused`).
+    pub(crate) fn sqlite(ext: i32, message: String) -> Self {
+        let p = (ext as u32 & 0xff) as u16;
+        let code = Some(ext.to_string());
+        if SQLITE_TRANSIENT.contains(&p) {
+            Error::StoreUnavailable {
+                reason: message,
+                code,
+            }
+        } else if SQLITE_DATA.contains(&p) {
+            Error::Refused { message, code }
+        } else {
+            Error::Store { message, code }
+        }
+    }
+}
+
+impl Error {
+    /// A SQLite lock held by another connection (SQLITE_BUSY and its extended codes).
+    pub(crate) fn is_sqlite_busy(&self) -> bool {
+        match self {
+            Error::StoreUnavailable { code: Some(c), .. } => {
+                c.parse::<u32>().is_ok_and(|n| n & 0xff == 5)
+            }
+            _ => false,
+        }
+    }
+}
+
 impl From<sqlx::Error> for Error {
     fn from(e: sqlx::Error) -> Self {
         match e {

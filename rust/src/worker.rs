@@ -142,6 +142,11 @@ impl WorkerCore {
         claim(self.shared.clone(), n).await
     }
 
+    /// `claim` at once on the calling thread, when the store can; `None`: use `claim`.
+    pub fn claim_now(&self, n: usize) -> Option<Result<Vec<ClaimedJob>>> {
+        claim_now(&self.shared, n)
+    }
+
     /// The organization of a claimed attempt whose lease is held ("" when unknown).
     pub fn org_of(&self, seq: i64, token: i64) -> String {
         let held = self.shared.held.lock().unwrap();
@@ -230,10 +235,44 @@ async fn claim(s: Arc<Shared>, n: usize) -> Result<Vec<ClaimedJob>> {
     req.limit = n;
     req.probe = !s.full.load(Ordering::Relaxed);
     let sent = Instant::now();
-    match store::claim(s.store.as_ref(), &outcomes, &req).await {
+    let r = store::claim(s.store.as_ref(), &outcomes, &req).await;
+    claimed(&s, n, outcomes, sent, r)
+}
+
+/// `claim` at once on the calling thread when the store can (`QueueStore::claim_now`); `None`:
+/// it could not (nothing written, the outcomes wait again): use `claim`.
+fn claim_now(s: &Arc<Shared>, n: usize) -> Option<Result<Vec<ClaimedJob>>> {
+    if s.closed.load(Ordering::SeqCst) {
+        return Some(Err(Error::Closed));
+    }
+    let _write = s.writes.try_read().ok()?;
+    let outcomes = std::mem::take(&mut *s.pending.lock().unwrap());
+    let mut req = s.req.clone();
+    req.limit = n;
+    req.probe = !s.full.load(Ordering::Relaxed);
+    let sent = Instant::now();
+    match s.store.claim_now(&outcomes, &req) {
+        Some(r) => Some(claimed(s, n, outcomes, sent, r)),
+        None => {
+            put_back(&s.pending, outcomes);
+            None
+        }
+    }
+}
+
+/// After a claim sent at `sent` carrying `outcomes`: the new leases join the set, the written
+/// outcomes' leave it; on an error the outcomes wait again (see below).
+fn claimed(
+    s: &Shared,
+    n: usize,
+    outcomes: Vec<Outcome>,
+    sent: Instant,
+    r: Result<Vec<ClaimedJob>>,
+) -> Result<Vec<ClaimedJob>> {
+    match r {
         Ok(jobs) => {
             s.full.store(n > 0 && jobs.len() == n, Ordering::Relaxed);
-            written(&s, &outcomes);
+            written(s, &outcomes);
             let mut stale: Vec<Attempt> = Vec::new();
             if !jobs.is_empty() {
                 let mut held = s.held.lock().unwrap();

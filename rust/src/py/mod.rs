@@ -141,6 +141,25 @@ fn org_opt(org: String) -> Option<String> {
     }
 }
 
+/// A claimed job for Python: (seq, token, org_id, id, type, payload_json, attempt).
+type PyJob = (i64, i64, Option<String>, String, String, String, i64);
+
+fn py_jobs(jobs: Vec<crate::model::ClaimedJob>) -> Vec<PyJob> {
+    jobs.into_iter()
+        .map(|j| {
+            (
+                j.seq,
+                j.token,
+                org_opt(j.org),
+                j.id,
+                j.typ,
+                j.payload,
+                j.attempt,
+            )
+        })
+        .collect()
+}
+
 impl From<JobRow> for RawJob {
     fn from(r: JobRow) -> Self {
         RawJob {
@@ -567,23 +586,17 @@ impl NativeWorker {
     /// `[(seq, token, org_id, id, type, payload_json, attempt)]`.
     fn claim<'py>(&self, py: Python<'py>, n: usize) -> PyResult<Bound<'py, PyAny>> {
         let fut = self.core()?.shared_claim(n);
-        spawn(py, async move {
-            let jobs = fut.await?;
-            Ok(jobs
-                .into_iter()
-                .map(|j| {
-                    (
-                        j.seq,
-                        j.token,
-                        org_opt(j.org),
-                        j.id,
-                        j.typ,
-                        j.payload,
-                        j.attempt,
-                    )
-                })
-                .collect::<Vec<_>>())
-        })
+        spawn(py, async move { Ok(py_jobs(fut.await?)) })
+    }
+
+    /// `claim` at once on the calling thread (the GIL released meanwhile) when the store can
+    /// (a SQLite file whose locks are free): the jobs, or None (nothing done: call `claim`).
+    fn claim_now(&self, py: Python<'_>, n: usize) -> PyResult<Option<Vec<PyJob>>> {
+        let core = self.core()?;
+        match py.detach(|| core.claim_now(n)) {
+            None => Ok(None),
+            Some(r) => Ok(Some(py_jobs(r.map_err(to_py)?))),
+        }
     }
 
     /// The handler returned `result`; a result that is not JSON raises and records nothing.

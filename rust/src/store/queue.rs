@@ -133,6 +133,16 @@ pub trait QueueStore: Send + Sync {
     /// Write `finished` outcomes, reclaim expired leases, then claim up to `req.limit` due jobs
     /// taking the lanes that waited longest in turn, in one transaction.
     async fn claim(&self, finished: &[Outcome], req: &ClaimRequest) -> Result<Vec<ClaimedJob>>;
+    /// `claim` at once on the calling thread, when the engine can (SQLite: a file store whose
+    /// locks are all free, see `sqlite/raw.rs`): `Some` with its result; `None` when it could
+    /// not (a lock held, another engine), having written nothing: use `claim`.
+    fn claim_now(
+        &self,
+        _finished: &[Outcome],
+        _req: &ClaimRequest,
+    ) -> Option<Result<Vec<ClaimedJob>>> {
+        None
+    }
     /// Write outcomes; each is conditional on (seq, token, state running).
     async fn finish(&self, outcomes: &[Outcome]) -> Result<()>;
     /// Extend leases by `ttl_ms`; one status per lease, in order.

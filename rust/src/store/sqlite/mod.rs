@@ -25,6 +25,7 @@ mod events;
 mod journal;
 mod now;
 mod queue;
+mod raw;
 #[cfg(test)]
 mod tests;
 mod triggers;
@@ -38,10 +39,10 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub struct SqliteStore {
     pool: SqlitePool,
-    write: tokio::sync::Mutex<()>,
+    write: std::sync::Arc<tokio::sync::Mutex<()>>,
     queries: AtomicU64,
     /// When expired leases were last looked for (monotonic).
-    reclaims: ReclaimThrottle,
+    reclaims: std::sync::Arc<ReclaimThrottle>,
     /// Bind parameters per statement (`sqlite3_limit(SQLITE_LIMIT_VARIABLE_NUMBER)`).
     var_limit: usize,
     /// Added to the wall clock (ms): 0 except where a test steps the clock (`step_clock`).
@@ -49,6 +50,8 @@ pub struct SqliteStore {
     /// The file (None: in memory), for the journal's fast path (`now.rs`).
     path: Option<String>,
     raw: std::sync::Mutex<Option<now::Raw>>,
+    /// The queue's hot path's connection (`raw.rs`; file stores), opened on first use.
+    hot: std::sync::Arc<std::sync::Mutex<Option<raw::Db>>>,
 }
 
 /// SQLite's own busy handler sleeps up to 100 ms between tries, so a process waiting for
@@ -160,9 +163,9 @@ impl SqliteStore {
         };
         Ok(SqliteStore {
             pool,
-            write: tokio::sync::Mutex::new(()),
+            write: std::sync::Arc::new(tokio::sync::Mutex::new(())),
             queries: AtomicU64::new(0),
-            reclaims: ReclaimThrottle::new(),
+            reclaims: std::sync::Arc::new(ReclaimThrottle::new()),
             var_limit,
             clock_shift_ms: AtomicI64::new(0),
             path: match &target {
@@ -170,6 +173,7 @@ impl SqliteStore {
                 SqliteTarget::Memory => None,
             },
             raw: std::sync::Mutex::new(None),
+            hot: std::sync::Arc::new(std::sync::Mutex::new(None)),
         })
     }
 
@@ -187,6 +191,90 @@ impl SqliteStore {
 
     fn counted(&self, n: u64) {
         self.queries.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Run `f` (a write: it takes this process's writers' lock) on a raw connection in one
+    /// hop, with the store's clock: a file store's own connection on tokio's blocking pool,
+    /// an in-memory store's pooled connection at once (see `raw.rs`). A connection that
+    /// failed is closed and the next call opens another.
+    async fn on_raw<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut raw::Db, i64) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let w = self.write.clone().lock_owned().await;
+        if self.pool.is_closed() {
+            return Err(Error::Closed);
+        }
+        let shift = self.clock_shift_ms.load(Ordering::Relaxed);
+        let (r, n) = match &self.path {
+            Some(path) => {
+                let (slot, path) = (self.hot.clone(), path.clone());
+                tokio::task::spawn_blocking(move || {
+                    let _w = w;
+                    let mut g = slot.lock().unwrap_or_else(|p| p.into_inner());
+                    if g.is_none() {
+                        match raw::Db::open(&path, busy_handler) {
+                            Ok(db) => *g = Some(db),
+                            Err(e) => return (Err(e), 1),
+                        }
+                    }
+                    let Some(db) = g.as_mut() else {
+                        return (Err(Error::Closed), 0);
+                    };
+                    let r = f(db, wall_ms() + shift);
+                    let n = db.take_count();
+                    if r.is_err() {
+                        *g = None;
+                    }
+                    (r, n)
+                })
+                .await
+                .map_err(|e| Error::Store {
+                    message: format!("a SQLite call panicked: {e}"),
+                    code: None,
+                })?
+            }
+            None => {
+                let _w = w;
+                let mut conn = self.pool.acquire().await?;
+                let mut handle = conn.lock_handle().await?;
+                // SAFETY: the pooled connection is locked (ours alone) while `db` lives.
+                let mut db = unsafe { raw::Db::borrowed(handle.as_raw_handle().as_ptr()) };
+                let r = f(&mut db, wall_ms() + shift);
+                let n = db.take_count();
+                (r, n)
+            }
+        };
+        self.counted(n);
+        r
+    }
+
+    /// `on_raw` at once on the calling thread, or not at all (`None`, nothing written): a
+    /// file store whose writers' lock, hot connection and file write lock are all free (no
+    /// waiting: the busy handler is off for the call).
+    fn on_raw_now<T>(&self, f: impl FnOnce(&mut raw::Db, i64) -> Result<T>) -> Option<Result<T>> {
+        let path = self.path.as_deref()?;
+        let _w = self.write.try_lock().ok()?;
+        if self.pool.is_closed() {
+            return Some(Err(Error::Closed));
+        }
+        let mut g = self.hot.try_lock().ok()?;
+        if g.is_none() {
+            *g = Some(raw::Db::open(path, busy_handler).ok()?);
+        }
+        let db = g.as_mut()?;
+        db.set_busy(None);
+        let r = f(db, self.clock_ms());
+        db.set_busy(Some(busy_handler));
+        self.counted(db.take_count());
+        match r {
+            Err(e) if e.is_sqlite_busy() => None,
+            Err(e) => {
+                *g = None;
+                Some(Err(e))
+            }
+            ok => Some(ok),
+        }
     }
 
     async fn begin_write(&self) -> Result<Tx<'static>> {
@@ -262,5 +350,7 @@ impl Store for SqliteStore {
 
     async fn close(&self) {
         self.pool.close().await;
+        let _w = self.write.lock().await;
+        *self.hot.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 }

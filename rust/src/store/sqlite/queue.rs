@@ -8,10 +8,11 @@ use async_trait::async_trait;
 use sqlx::sqlite::SqliteArguments;
 use sqlx::{Arguments, Row};
 
+use super::raw::{Db, Val};
 use super::{SqliteStore, Tx};
 use crate::error::{Error, Result};
 use crate::model::*;
-use crate::store::queue::{job_counts, job_row, marks, orgs_in_turn, JOB_COLS};
+use crate::store::queue::{job_counts, job_row, marks, orgs_in_turn, ReclaimThrottle, JOB_COLS};
 use crate::store::QueueStore;
 
 /// Whether a lane of one of `types` has a due job: a lane in the turn, or a waiting lane whose
@@ -54,9 +55,39 @@ fn pick_lanes_sql(types: usize) -> String {
     sql
 }
 
+/// Lower the `next_run_at` bound of the lane of `org` and `typ` (parameters 1, 2) to `run_at`
+/// (3), creating the lane if needed, with its organization's turn ticket.
+const LANE_DUE: &str = "INSERT INTO gnl_lanes (org, type, next_run_at, served_at) \
+     VALUES (?1, ?2, ?3, coalesce((SELECT max(served_at) FROM gnl_lanes WHERE org = ?1), 0)) \
+     ON CONFLICT (org, type) DO UPDATE SET next_run_at = \
+     min(coalesce(gnl_lanes.next_run_at, excluded.next_run_at), excluded.next_run_at)";
+
+/// A failed attempt's outcome (parameters: now, seq, token, error, delay): pending again after
+/// the delay, or dead once its attempts are used up (canceled when a cancel was asked).
+const FAILED: &str = "UPDATE gnl_jobs SET \
+       state = CASE WHEN cancel_requested = 1 THEN 'canceled' \
+                    WHEN attempts >= max_attempts THEN 'dead' ELSE 'pending' END, \
+       last_error = CASE WHEN cancel_requested = 1 THEN coalesce(last_error, ?4) ELSE ?4 END, \
+       updated_at = ?1, lease_expires_at = NULL, lease_owner = NULL, \
+       run_at = CASE WHEN cancel_requested = 0 AND attempts < max_attempts THEN ?1 + ?5 ELSE run_at END, \
+       finished_at = CASE WHEN cancel_requested = 0 AND attempts < max_attempts THEN NULL ELSE ?1 END \
+     WHERE seq = ?2 AND lease_token = ?3 AND state = 'running' \
+     RETURNING org, type, state, run_at";
+
+/// Expired leases (parameter: now): the job is pending again, or dead once its attempts
+/// are used up.
+const RECLAIM: &str = "UPDATE gnl_jobs SET \
+       state = CASE WHEN cancel_requested = 1 THEN 'canceled' \
+                    WHEN attempts >= max_attempts THEN 'dead' ELSE 'pending' END, \
+       last_error = 'lease expired: the worker ' || coalesce(lease_owner, '?') || \
+                    ' stopped renewing attempt ' || attempts || ' (crashed, stopped or cut off)', \
+       finished_at = CASE WHEN cancel_requested = 0 AND attempts < max_attempts THEN NULL ELSE ?1 END, \
+       lease_expires_at = NULL, lease_owner = NULL, updated_at = ?1 \
+     WHERE state = 'running' AND lease_expires_at < ?1 \
+     RETURNING org, type, state, run_at";
+
 impl SqliteStore {
-    /// Lower the `next_run_at` bound of the lane of `org` and `typ` to `run_at` (creating the
-    /// lane if needed, with its organization's turn ticket).
+    /// `LANE_DUE` through the pool (the writers that are not on the hot path).
     async fn lane_due(
         &self,
         tx: &mut Tx<'static>,
@@ -65,234 +96,370 @@ impl SqliteStore {
         run_at: i64,
     ) -> Result<()> {
         self.counted(1);
-        sqlx::query(
-            "INSERT INTO gnl_lanes (org, type, next_run_at, served_at) \
-             VALUES (?1, ?2, ?3, coalesce((SELECT max(served_at) FROM gnl_lanes WHERE org = ?1), 0)) \
-             ON CONFLICT (org, type) DO UPDATE SET next_run_at = \
-             min(coalesce(gnl_lanes.next_run_at, excluded.next_run_at), excluded.next_run_at)",
-        )
-        .bind(org)
-        .bind(typ)
-        .bind(run_at)
-        .execute(&mut **tx)
-        .await?;
-        Ok(())
-    }
-
-    /// Write outcomes of finished attempts (conditional on the lease's fencing token).
-    async fn write_outcomes(
-        &self,
-        tx: &mut Tx<'static>,
-        outcomes: &[Outcome],
-        now: i64,
-    ) -> Result<()> {
-        let done: Vec<(i64, i64, Option<&str>)> = outcomes
-            .iter()
-            .filter_map(|o| match o {
-                Outcome::Done {
-                    seq, token, result, ..
-                } => Some((*seq, *token, result.as_deref())),
-                _ => None,
-            })
-            .collect();
-        // Done: one statement per chunk, the outcomes joined as a VALUES table. Anonymous `?`
-        // only: SQLite looks numbered parameters up by a linear scan (quadratic binds), and
-        // `now` is an integer we format ourselves.
-        let per_chunk = (self.var_limit / 3).max(1);
-        for chunk in done.chunks(per_chunk) {
-            let mut sql = String::with_capacity(300 + chunk.len() * 8);
-            sql.push_str("WITH o(seq, tok, res) AS (VALUES ");
-            let mut args = SqliteArguments::default();
-            for (i, (seq, tok, res)) in chunk.iter().enumerate() {
-                if i > 0 {
-                    sql.push(',');
-                }
-                sql.push_str("(?,?,?)");
-                args.add(*seq).map_err(|e| Error::invalid(e.to_string()))?;
-                args.add(*tok).map_err(|e| Error::invalid(e.to_string()))?;
-                args.add(*res).map_err(|e| Error::invalid(e.to_string()))?;
-            }
-            sql.push_str(&format!(
-                ") UPDATE gnl_jobs SET \
-                   state = CASE WHEN cancel_requested = 1 THEN 'canceled' ELSE 'done' END, \
-                   result = o.res, finished_at = {now}, updated_at = {now}, lease_expires_at = NULL, lease_owner = NULL \
-                 FROM o WHERE gnl_jobs.seq = o.seq AND gnl_jobs.lease_token = o.tok AND gnl_jobs.state = 'running'"
-            ));
-            self.counted(1);
-            sqlx::query_with(&sql, args)
-                .persistent(false)
-                .execute(&mut **tx)
-                .await?;
-        }
-        for o in outcomes {
-            if let Outcome::Failed {
-                seq,
-                token,
-                error,
-                delay_ms,
-                ..
-            } = o
-            {
-                self.counted(1);
-                let row = sqlx::query(
-                    "UPDATE gnl_jobs SET \
-                       state = CASE WHEN cancel_requested = 1 THEN 'canceled' \
-                                    WHEN attempts >= max_attempts THEN 'dead' ELSE 'pending' END, \
-                       last_error = CASE WHEN cancel_requested = 1 THEN coalesce(last_error, ?4) ELSE ?4 END, \
-                       updated_at = ?1, lease_expires_at = NULL, lease_owner = NULL, \
-                       run_at = CASE WHEN cancel_requested = 0 AND attempts < max_attempts THEN ?1 + ?5 ELSE run_at END, \
-                       finished_at = CASE WHEN cancel_requested = 0 AND attempts < max_attempts THEN NULL ELSE ?1 END \
-                     WHERE seq = ?2 AND lease_token = ?3 AND state = 'running' \
-                     RETURNING org, type, state, run_at",
-                )
-                .bind(now)
-                .bind(seq)
-                .bind(token)
-                .bind(error)
-                .bind(delay_ms.max(&0))
-                .fetch_optional(&mut **tx)
-                .await?;
-                if let Some(r) = row {
-                    let state: String = r.get(2);
-                    if state == PENDING {
-                        let (org, typ): (String, String) = (r.get(0), r.get(1));
-                        self.lane_due(tx, &org, &typ, r.get(3)).await?;
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// After a claim: give the organizations that were served new turn tickets (on the lanes
-    /// the claim looked at), in the order they were served, and recompute the next-due bound
-    /// of every lane the claim looked at (`looked`: organizations and their types); one
-    /// statement. Tickets
-    /// strictly increase (claims within one millisecond must not tie) and stay near the store's
-    /// clock (in 1/4096 ms), so a new organization's ticket 0 sorts first.
-    async fn lanes_served(
-        &self,
-        tx: &mut Tx<'static>,
-        looked: &[(String, Vec<String>)],
-        served: &[&str],
-        now: i64,
-    ) -> Result<()> {
-        let mut args = SqliteArguments::default();
-        let add = |args: &mut SqliteArguments<'_>, v: &str| {
-            args.add(v.to_string())
-                .map_err(|e| Error::invalid(e.to_string()))
-        };
-        let mut sql = String::from(
-            "WITH b(v) AS MATERIALIZED (SELECT max(?, coalesce(max(served_at), 0) + 1) FROM gnl_lanes), \
-             l(org, type) AS (VALUES ",
-        );
-        args.add(now * 4096)
-            .map_err(|e| Error::invalid(e.to_string()))?;
-        let mut first = true;
-        for (org, types) in looked {
-            for t in types {
-                sql.push_str(if first { "(?,?)" } else { ",(?,?)" });
-                first = false;
-                add(&mut args, org)?;
-                add(&mut args, t)?;
-            }
-        }
-        sql.push_str(") UPDATE gnl_lanes SET served_at = ");
-        if served.is_empty() {
-            sql.push_str("served_at");
-        } else {
-            sql.push_str("CASE gnl_lanes.org");
-            for (i, org) in served.iter().enumerate() {
-                sql.push_str(&format!(" WHEN ? THEN (SELECT v FROM b) + {i}"));
-                add(&mut args, org)?;
-            }
-            sql.push_str(" ELSE served_at END");
-        }
-        // A lane stays in the turn while its earliest pending job is due.
-        let earliest = "(SELECT min(j.run_at) FROM gnl_jobs j \
-             WHERE j.org = gnl_lanes.org AND j.type = gnl_lanes.type AND j.state = 'pending')";
-        sql.push_str(&format!(
-            ", next_run_at = {earliest}, due = coalesce({earliest} <= {now}, 0) \
-             FROM l WHERE gnl_lanes.org = l.org AND gnl_lanes.type = l.type"
-        ));
-        self.counted(1);
-        sqlx::query_with(&sql, args)
-            .persistent(looked.len() <= 4)
+        sqlx::query(LANE_DUE)
+            .bind(org)
+            .bind(typ)
+            .bind(run_at)
             .execute(&mut **tx)
             .await?;
         Ok(())
     }
+}
 
-    /// The organizations in turn that waited longest (at most `limit`) with their lanes' types,
-    /// among lanes of `types`; None when a waiting lane of those types has a due job (it must
-    /// join the turn first).
-    async fn pick_lanes(
-        &self,
-        tx: &mut Tx<'static>,
-        types: &[String],
-        now: i64,
-        limit: usize,
-    ) -> Result<Option<Vec<(String, Vec<String>)>>> {
-        let sql = pick_lanes_sql(types.len());
-        let mut args = SqliteArguments::default();
-        for t in types {
-            args.add(t.clone())
-                .map_err(|e| Error::invalid(e.to_string()))?;
-        }
-        args.add(now).map_err(|e| Error::invalid(e.to_string()))?;
-        for t in types {
-            args.add(t.clone())
-                .map_err(|e| Error::invalid(e.to_string()))?;
-            args.add(limit as i64)
-                .map_err(|e| Error::invalid(e.to_string()))?;
-        }
-        self.counted(1);
-        /// A pick row: org, type, served_at (NULL in the first row), the waiting lanes' flag.
-        type PickRow = (Option<String>, Option<String>, Option<i64>, bool);
-        let rows: Vec<PickRow> = sqlx::query_as_with(&sql, args).fetch_all(&mut **tx).await?;
-        let mut lanes = Vec::with_capacity(rows.len());
-        for (org, typ, served_at, waiting_due) in rows {
-            match (org, typ, served_at) {
-                (Some(o), Some(t), Some(at)) => lanes.push((o, t, at)),
-                _ if waiting_due => return Ok(None),
-                _ => {}
-            }
-        }
-        Ok(Some(orgs_in_turn(lanes, limit)))
-    }
+/// What a claim or a write of outcomes needs besides its connection (taken from the store
+/// before it leaves for the connection's thread).
+pub(super) struct Hot {
+    pub(super) now: i64,
+    /// Look for expired leases in this transaction.
+    pub(super) reclaim: bool,
+    pub(super) var_limit: usize,
+}
 
-    /// Expired leases: the holder stopped renewing (crashed, partitioned). The attempt it used
-    /// stays counted; the job is pending again, or dead once its attempts are used up.
-    async fn reclaim(&self, tx: &mut Tx<'static>, now: i64) -> Result<()> {
-        self.counted(1);
-        let rows = sqlx::query(
-            "UPDATE gnl_jobs SET \
-               state = CASE WHEN cancel_requested = 1 THEN 'canceled' \
-                            WHEN attempts >= max_attempts THEN 'dead' ELSE 'pending' END, \
-               last_error = 'lease expired: the worker ' || coalesce(lease_owner, '?') || \
-                            ' stopped renewing attempt ' || attempts || ' (crashed, stopped or cut off)', \
-               finished_at = CASE WHEN cancel_requested = 0 AND attempts < max_attempts THEN NULL ELSE ?1 END, \
-               lease_expires_at = NULL, lease_owner = NULL, updated_at = ?1 \
-             WHERE state = 'running' AND lease_expires_at < ?1 \
-             RETURNING org, type, state, run_at",
-        )
-        .bind(now)
-        .fetch_all(&mut **tx)
-        .await?;
-        let mut lanes: BTreeMap<(String, String), i64> = BTreeMap::new();
-        for r in rows {
-            let state: String = r.get(2);
-            if state == PENDING {
-                let run_at: i64 = r.get(3);
-                let e = lanes.entry((r.get(0), r.get(1))).or_insert(run_at);
-                *e = (*e).min(run_at);
-            }
+/// Pending again: lower its lane's bound (rows of org, type, state, run_at).
+fn lanes_due_of(db: &mut Db, rows: Vec<Vec<Val>>) -> Result<()> {
+    let mut lanes: BTreeMap<(String, String), i64> = BTreeMap::new();
+    for r in rows {
+        let mut r = r.into_iter();
+        let (org, typ, state, run_at) = (r.next(), r.next(), r.next(), r.next());
+        let (Some(org), Some(typ), Some(state), Some(run_at)) = (org, typ, state, run_at) else {
+            continue;
+        };
+        if state.text().as_deref() == Some(PENDING) {
+            let run_at = run_at.int();
+            let e = lanes
+                .entry((
+                    org.text().unwrap_or_default(),
+                    typ.text().unwrap_or_default(),
+                ))
+                .or_insert(run_at);
+            *e = (*e).min(run_at);
         }
-        for ((org, typ), run_at) in lanes {
-            self.lane_due(tx, &org, &typ, run_at).await?;
-        }
-        Ok(())
     }
+    for ((org, typ), run_at) in lanes {
+        db.exec(
+            LANE_DUE,
+            &[Val::Text(org), Val::Text(typ), Val::Int(run_at)],
+            true,
+        )?;
+    }
+    Ok(())
+}
+
+/// Write outcomes of finished attempts (conditional on the lease's fencing token).
+pub(super) fn write_outcomes(db: &mut Db, outcomes: &[Outcome], hot: &Hot) -> Result<()> {
+    let now = hot.now;
+    let done: Vec<(i64, i64, Option<&str>)> = outcomes
+        .iter()
+        .filter_map(|o| match o {
+            Outcome::Done {
+                seq, token, result, ..
+            } => Some((*seq, *token, result.as_deref())),
+            _ => None,
+        })
+        .collect();
+    // Done: one statement per chunk, the outcomes joined as a VALUES table. Anonymous `?`
+    // only: SQLite looks numbered parameters up by a linear scan (quadratic binds); `now` is
+    // bound last, numbered past the anonymous ones.
+    let per_chunk = (hot.var_limit.saturating_sub(1) / 3).max(1);
+    for chunk in done.chunks(per_chunk) {
+        let mut sql = String::with_capacity(300 + chunk.len() * 8);
+        sql.push_str("WITH o(seq, tok, res) AS (VALUES ");
+        let mut args = Vec::with_capacity(chunk.len() * 3 + 1);
+        for (i, (seq, tok, res)) in chunk.iter().enumerate() {
+            if i > 0 {
+                sql.push(',');
+            }
+            sql.push_str("(?,?,?)");
+            args.extend([Val::Int(*seq), Val::Int(*tok), Val::from(*res)]);
+        }
+        let n = args.len() + 1;
+        args.push(Val::Int(now));
+        sql.push_str(&format!(
+            ") UPDATE gnl_jobs SET \
+               state = CASE WHEN cancel_requested = 1 THEN 'canceled' ELSE 'done' END, \
+               result = o.res, finished_at = ?{n}, updated_at = ?{n}, lease_expires_at = NULL, lease_owner = NULL \
+             FROM o WHERE gnl_jobs.seq = o.seq AND gnl_jobs.lease_token = o.tok AND gnl_jobs.state = 'running'"
+        ));
+        // The common sizes (one outcome, a few) keep their statement.
+        db.exec(&sql, &args, chunk.len() <= 8)?;
+    }
+    for o in outcomes {
+        if let Outcome::Failed {
+            seq,
+            token,
+            error,
+            delay_ms,
+            ..
+        } = o
+        {
+            let args = [
+                Val::Int(now),
+                Val::Int(*seq),
+                Val::Int(*token),
+                Val::from(error),
+                Val::Int(*delay_ms.max(&0)),
+            ];
+            let rows = db.rows(FAILED, &args, true)?;
+            lanes_due_of(db, rows)?;
+        }
+    }
+    Ok(())
+}
+
+/// After a claim: give the organizations that were served new turn tickets (on the lanes
+/// the claim looked at), in the order they were served, and recompute whether each lane the
+/// claim looked at (`looked`: organizations and their types) stays in the turn; one
+/// statement. Tickets strictly increase (claims within one millisecond must not tie) and stay
+/// near the store's clock (in 1/4096 ms), so a new organization's ticket 0 sorts first.
+///
+/// Only rows that change are written (each lane row written also moves entries of the
+/// lanes' indexes, which a claim's commit pays for page by page):
+/// * a lane that stays in the turn keeps its `next_run_at` (read only while it waits: a lane
+///   that leaves the turn gets its bound recomputed here, and `LANE_DUE` lowers it);
+/// * one organization served alone that already holds the newest ticket, holds it alone,
+///   and has been given one (not the 0 of a lane never served, which a new organization's
+///   lane ties with) keeps it: a new ticket would leave every lane's order as it is (it is
+///   already last, and every later ticket is larger).
+fn lanes_served(
+    db: &mut Db,
+    looked: &[(String, Vec<String>)],
+    served: &[&str],
+    now: i64,
+) -> Result<()> {
+    let mut args = vec![Val::Int(now * 4096)];
+    let mut sql = String::from(
+        "WITH b(v) AS MATERIALIZED (SELECT max(?, coalesce(max(served_at), 0) + 1) FROM gnl_lanes), \
+         l(org, type) AS (VALUES ",
+    );
+    let mut first = true;
+    for (org, types) in looked {
+        for t in types {
+            sql.push_str(if first { "(?,?)" } else { ",(?,?)" });
+            first = false;
+            args.extend([Val::from(org), Val::from(t)]);
+        }
+    }
+    sql.push_str("), x(org, type, m, t) AS MATERIALIZED (SELECT org, type, m, ");
+    match served {
+        [] => sql.push_str("NULL"),
+        [org] => {
+            // Kept when it is the newest ticket and this organization's alone.
+            sql.push_str(
+                "CASE WHEN org = ? AND NOT ((SELECT max(served_at) FROM gnl_lanes WHERE org = ?) \
+                   = (SELECT max(served_at) FROM gnl_lanes) AND (SELECT max(served_at) FROM gnl_lanes) > 0 \
+                   AND NOT EXISTS (SELECT 1 FROM gnl_lanes \
+                   WHERE org <> ? AND served_at = (SELECT max(served_at) FROM gnl_lanes))) \
+                 THEN (SELECT v FROM b) END",
+            );
+            args.extend([Val::from(*org), Val::from(*org), Val::from(*org)]);
+        }
+        _ => {
+            sql.push_str("CASE org");
+            for (i, org) in served.iter().enumerate() {
+                sql.push_str(&format!(" WHEN ? THEN (SELECT v FROM b) + {i}"));
+                args.push(Val::from(*org));
+            }
+            sql.push_str(" END");
+        }
+    }
+    // A lane stays in the turn while its earliest pending job is due.
+    sql.push_str(
+        " FROM (SELECT l.org, l.type, (SELECT min(j.run_at) FROM gnl_jobs j \
+           WHERE j.org = l.org AND j.type = l.type AND j.state = 'pending') AS m FROM l))",
+    );
+    let n = args.len() + 1;
+    args.push(Val::Int(now));
+    sql.push_str(&format!(
+        " UPDATE gnl_lanes SET served_at = coalesce(x.t, gnl_lanes.served_at), \
+           due = coalesce(x.m <= ?{n}, 0), \
+           next_run_at = CASE WHEN coalesce(x.m <= ?{n}, 0) THEN gnl_lanes.next_run_at ELSE x.m END \
+         FROM x WHERE gnl_lanes.org = x.org AND gnl_lanes.type = x.type \
+           AND (x.t IS NOT NULL OR gnl_lanes.due <> coalesce(x.m <= ?{n}, 0) \
+                OR (NOT coalesce(x.m <= ?{n}, 0) AND gnl_lanes.next_run_at IS NOT x.m))"
+    ));
+    db.exec(&sql, &args, looked.len() <= 4 && served.len() <= 4)?;
+    Ok(())
+}
+
+/// Organizations in turn, each with the types of its lanes a claim looked at.
+type Turn = Vec<(String, Vec<String>)>;
+
+/// The organizations in turn that waited longest (at most `limit`) with their lanes' types,
+/// among lanes of `types`; None when a waiting lane of those types has a due job (it must
+/// join the turn first).
+fn pick_lanes(db: &mut Db, types: &[String], now: i64, limit: usize) -> Result<Option<Turn>> {
+    let sql = pick_lanes_sql(types.len());
+    let mut args: Vec<Val> = types.iter().map(Val::from).collect();
+    args.push(Val::Int(now));
+    for t in types {
+        args.extend([Val::from(t), Val::Int(limit as i64)]);
+    }
+    let rows = db.rows(&sql, &args, types.len() <= 4)?;
+    let mut lanes = Vec::with_capacity(rows.len());
+    for r in rows {
+        let mut r = r.into_iter();
+        let (org, typ, at, waiting_due) = (r.next(), r.next(), r.next(), r.next());
+        match (org, typ, at) {
+            (Some(Val::Text(o)), Some(Val::Text(t)), Some(Val::Int(at))) => lanes.push((o, t, at)),
+            _ if waiting_due.is_some_and(|w| w.int() != 0) => return Ok(None),
+            _ => {}
+        }
+    }
+    Ok(Some(orgs_in_turn(lanes, limit)))
+}
+
+/// The claim's statement for an organization's share of the batch: its earliest due jobs of
+/// `types` (each type read from the due index, at most the share each). Parameters:
+/// max_attempts, the lease's end, the owner, now, then per type (org, type, now, share),
+/// then the share again when there are several types.
+fn claim_sql(types: usize) -> String {
+    let mut sql = String::from(
+        "UPDATE gnl_jobs SET state = 'running', attempts = attempts + 1, max_attempts = ?, \
+           lease_token = lease_token + 1, lease_expires_at = ?, lease_owner = ?, updated_at = ? \
+         WHERE seq IN (",
+    );
+    let one = "SELECT seq, run_at FROM gnl_jobs WHERE org = ? AND type = ? \
+               AND state = 'pending' AND run_at <= ? ORDER BY run_at, seq LIMIT ?";
+    if types == 1 {
+        sql.push_str(&one.replacen("SELECT seq, run_at", "SELECT seq", 1));
+    } else {
+        sql.push_str("SELECT seq FROM (");
+        for k in 0..types {
+            if k > 0 {
+                sql.push_str(" UNION ALL ");
+            }
+            sql.push_str("SELECT * FROM (");
+            sql.push_str(one);
+            sql.push(')');
+        }
+        sql.push_str(") ORDER BY run_at, seq LIMIT ?");
+    }
+    sql.push_str(") RETURNING seq, lease_token, id, type, payload, attempts, run_at");
+    sql
+}
+
+/// A claim's transaction: the outcomes it carries, expired leases (when `hot.reclaim`), then
+/// up to `req.limit` jobs, lanes in turn.
+pub(super) fn claim_tx(
+    db: &mut Db,
+    finished: &[Outcome],
+    req: &ClaimRequest,
+    hot: &Hot,
+) -> Result<Vec<ClaimedJob>> {
+    let now = hot.now;
+    write_outcomes(db, finished, hot)?;
+    if hot.reclaim {
+        let rows = db.rows(RECLAIM, &[Val::Int(now)], true)?;
+        lanes_due_of(db, rows)?;
+    }
+    let mut out = Vec::new();
+    if req.limit == 0 || req.types.is_empty() {
+        return Ok(out);
+    }
+    let mut lanes = pick_lanes(db, &req.types, now, req.limit)?;
+    if lanes.is_none() {
+        // Waiting lanes whose next_run_at has come join the turn, with the tickets they had
+        // (so a lane is served in the same order as if it had never waited).
+        let mut args: Vec<Val> = req.types.iter().map(Val::from).collect();
+        args.push(Val::Int(now));
+        db.exec(
+            &format!(
+                "UPDATE gnl_lanes SET due = 1 WHERE due = 0 AND type IN ({}) AND next_run_at <= ?",
+                marks(req.types.len())
+            ),
+            &args,
+            req.types.len() <= 4,
+        )?;
+        lanes = pick_lanes(db, &req.types, now, req.limit)?;
+    }
+    let lanes = lanes.unwrap_or_default();
+    let n = lanes.len().max(1);
+    let expires = now + req.ttl_ms;
+    let mut served: Vec<&str> = Vec::with_capacity(lanes.len());
+    for (i, (org, types)) in lanes.iter().enumerate() {
+        // Lanes in turn: each gets an equal share of the batch, the first ones the rest.
+        let share = (req.limit / n + usize::from(i < req.limit % n)) as i64;
+        let mut args = vec![
+            Val::Int(req.max_attempts),
+            Val::Int(expires),
+            Val::from(&req.owner),
+            Val::Int(now),
+        ];
+        for t in types {
+            args.extend([Val::from(org), Val::from(t), Val::Int(now), Val::Int(share)]);
+        }
+        if types.len() > 1 {
+            args.push(Val::Int(share));
+        }
+        let rows = db.rows(&claim_sql(types.len()), &args, types.len() <= 4)?;
+        if !rows.is_empty() {
+            served.push(org.as_str());
+        }
+        let mut got: Vec<ClaimedJob> = rows
+            .into_iter()
+            .map(|r| {
+                let mut r = r.into_iter();
+                let mut next = || r.next().unwrap_or(Val::Null);
+                let (seq, token, id, typ, payload, attempt, run_at) =
+                    (next(), next(), next(), next(), next(), next(), next());
+                ClaimedJob {
+                    seq: seq.int(),
+                    token: token.int(),
+                    org: org.clone(),
+                    id: id.text().unwrap_or_default(),
+                    typ: typ.text().unwrap_or_default(),
+                    payload: payload.text().unwrap_or_default(),
+                    attempt: attempt.int(),
+                    run_at: run_at.int(),
+                }
+            })
+            .collect();
+        got.sort_by_key(|j| (j.run_at, j.seq));
+        out.extend(got);
+    }
+    if !lanes.is_empty() {
+        lanes_served(db, &lanes, &served, now)?;
+    }
+    Ok(out)
+}
+
+/// A claim on `db`: when it carries no outcomes and `req.probe`, first the empty poll (one
+/// read, whatever the number of lanes: both are index seeks, no write lock taken); then the
+/// claim's transaction (`claim_tx`), looking for expired leases when the poll saw one, else
+/// at most every 250 ms (`ReclaimThrottle`, on the monotonic clock).
+fn claim_db(
+    db: &mut Db,
+    finished: &[Outcome],
+    req: &ClaimRequest,
+    now: i64,
+    reclaims: &ReclaimThrottle,
+    var_limit: usize,
+) -> Result<Vec<ClaimedJob>> {
+    let mut expired = false;
+    if finished.is_empty() && req.probe {
+        let mut args: Vec<Val> = req.types.iter().chain(&req.types).map(Val::from).collect();
+        args.push(Val::Int(now));
+        let sql = format!(
+            "SELECT {}, (SELECT min(lease_expires_at) FROM gnl_jobs WHERE state = 'running')",
+            some_due(req.types.len())
+        );
+        let row = db.rows(&sql, &args, req.types.len() <= 4)?;
+        let mut row = row.into_iter().next().unwrap_or_default().into_iter();
+        let due = row.next().is_some_and(|v| v.int() != 0);
+        expired = matches!(row.next(), Some(Val::Int(t)) if t < now);
+        if !due && !expired {
+            return Ok(vec![]);
+        }
+        if expired {
+            reclaims.looked();
+        }
+    }
+    let hot = Hot {
+        now,
+        reclaim: expired || reclaims.due(),
+        var_limit,
+    };
+    db.write(|db| claim_tx(db, finished, req, &hot))
 }
 
 #[async_trait]
@@ -370,150 +537,36 @@ impl QueueStore for SqliteStore {
     }
 
     async fn claim(&self, finished: &[Outcome], req: &ClaimRequest) -> Result<Vec<ClaimedJob>> {
-        let now = self.clock_ms();
-        let mut expired = false;
-        if finished.is_empty() && req.probe {
-            // The empty poll: one read, whatever the number of lanes (both are index seeks).
-            self.counted(1);
-            let mut args = SqliteArguments::default();
-            bind_some_due(&mut args, &req.types, now)?;
-            let (due, next_expiry): (bool, Option<i64>) = sqlx::query_as_with(
-                &format!(
-                    "SELECT {}, \
-                     (SELECT min(lease_expires_at) FROM gnl_jobs WHERE state = 'running')",
-                    some_due(req.types.len())
-                ),
-                args,
-            )
-            .fetch_one(&self.pool)
-            .await?;
-            expired = next_expiry.is_some_and(|t| t < now);
-            if !due && !expired {
-                return Ok(vec![]);
-            }
-        }
-        let _w = self.write.lock().await;
-        let mut tx = self.begin_write().await?;
-        let now = self.clock_ms();
-        self.write_outcomes(&mut tx, finished, now).await?;
-        // Without the probe (a claim that carries outcomes), look for expired leases at most
-        // every 250 ms (`ReclaimThrottle`, on the monotonic clock).
-        if expired {
-            self.reclaims.looked();
-        }
-        if expired || self.reclaims.due() {
-            self.reclaim(&mut tx, now).await?;
-        }
-        let mut out = Vec::new();
-        if req.limit > 0 && !req.types.is_empty() {
-            let mut lanes = self.pick_lanes(&mut tx, &req.types, now, req.limit).await?;
-            if lanes.is_none() {
-                // Waiting lanes whose next_run_at has come join the turn, with the tickets they
-                // had (so a lane is served in the same order as if it had never waited).
-                let mut args = SqliteArguments::default();
-                for t in &req.types {
-                    args.add(t.clone())
-                        .map_err(|e| Error::invalid(e.to_string()))?;
-                }
-                args.add(now).map_err(|e| Error::invalid(e.to_string()))?;
-                self.counted(1);
-                sqlx::query_with(
-                    &format!(
-                        "UPDATE gnl_lanes SET due = 1 \
-                         WHERE due = 0 AND type IN ({}) AND next_run_at <= ?",
-                        marks(req.types.len())
-                    ),
-                    args,
-                )
-                .execute(&mut *tx)
-                .await?;
-                lanes = self.pick_lanes(&mut tx, &req.types, now, req.limit).await?;
-            }
-            let lanes = lanes.unwrap_or_default();
-            let n = lanes.len().max(1);
-            let expires = now + req.ttl_ms;
-            let mut served: Vec<&str> = Vec::with_capacity(lanes.len());
-            for (i, (org, types)) in lanes.iter().enumerate() {
-                // Lanes in turn: each gets an equal share of the batch, the first ones the rest;
-                // an organization's share goes to its earliest due jobs of the claim's types
-                // (each type read from the due index, at most the share each).
-                let share = req.limit / n + usize::from(i < req.limit % n);
-                let mut sql = String::from(
-                    "UPDATE gnl_jobs SET state = 'running', attempts = attempts + 1, max_attempts = ?, \
-                       lease_token = lease_token + 1, lease_expires_at = ?, lease_owner = ?, updated_at = ? \
-                     WHERE seq IN (",
-                );
-                let mut args = SqliteArguments::default();
-                let err = |e: sqlx::error::BoxDynError| Error::invalid(e.to_string());
-                args.add(req.max_attempts).map_err(err)?;
-                args.add(expires).map_err(err)?;
-                args.add(req.owner.clone()).map_err(err)?;
-                args.add(now).map_err(err)?;
-                let one = "SELECT seq, run_at FROM gnl_jobs WHERE org = ? AND type = ? \
-                           AND state = 'pending' AND run_at <= ? ORDER BY run_at, seq LIMIT ?";
-                if types.len() == 1 {
-                    sql.push_str(one);
-                    sql = sql.replacen("SELECT seq, run_at", "SELECT seq", 1);
-                } else {
-                    sql.push_str("SELECT seq FROM (");
-                    for (k, _) in types.iter().enumerate() {
-                        if k > 0 {
-                            sql.push_str(" UNION ALL ");
-                        }
-                        sql.push_str("SELECT * FROM (");
-                        sql.push_str(one);
-                        sql.push(')');
-                    }
-                    sql.push_str(") ORDER BY run_at, seq LIMIT ?");
-                }
-                for t in types {
-                    args.add(org.clone()).map_err(err)?;
-                    args.add(t.clone()).map_err(err)?;
-                    args.add(now).map_err(err)?;
-                    args.add(share as i64).map_err(err)?;
-                }
-                if types.len() > 1 {
-                    args.add(share as i64).map_err(err)?;
-                }
-                sql.push_str(") RETURNING seq, lease_token, id, type, payload, attempts, run_at");
-                self.counted(1);
-                let rows = sqlx::query_with(&sql, args).fetch_all(&mut *tx).await?;
-                if !rows.is_empty() {
-                    served.push(org.as_str());
-                }
-                let mut got: Vec<ClaimedJob> = rows
-                    .iter()
-                    .map(|r| ClaimedJob {
-                        seq: r.get(0),
-                        token: r.get(1),
-                        org: org.clone(),
-                        id: r.get(2),
-                        typ: r.get(3),
-                        payload: r.get(4),
-                        attempt: r.get(5),
-                        run_at: r.get(6),
-                    })
-                    .collect();
-                got.sort_by_key(|j| (j.run_at, j.seq));
-                out.extend(got);
-            }
-            if !lanes.is_empty() {
-                self.lanes_served(&mut tx, &lanes, &served, now).await?;
-            }
-        }
-        self.commit(tx).await?;
-        Ok(out)
+        let (finished, req) = (finished.to_vec(), req.clone());
+        let (reclaims, var_limit) = (self.reclaims.clone(), self.var_limit);
+        self.on_raw(move |db, now| claim_db(db, &finished, &req, now, &reclaims, var_limit))
+            .await
+    }
+
+    fn claim_now(
+        &self,
+        finished: &[Outcome],
+        req: &ClaimRequest,
+    ) -> Option<Result<Vec<ClaimedJob>>> {
+        let (reclaims, var_limit) = (&self.reclaims, self.var_limit);
+        self.on_raw_now(|db, now| claim_db(db, finished, req, now, reclaims, var_limit))
     }
 
     async fn finish(&self, outcomes: &[Outcome]) -> Result<()> {
         if outcomes.is_empty() {
             return Ok(());
         }
-        let _w = self.write.lock().await;
-        let mut tx = self.begin_write().await?;
-        self.write_outcomes(&mut tx, outcomes, self.clock_ms())
-            .await?;
-        self.commit(tx).await
+        let outcomes = outcomes.to_vec();
+        let var_limit = self.var_limit;
+        self.on_raw(move |db, now| {
+            let hot = Hot {
+                now,
+                reclaim: false,
+                var_limit,
+            };
+            db.write(|db| write_outcomes(db, &outcomes, &hot))
+        })
+        .await
     }
 
     async fn renew(&self, leases: &[LeaseRef], ttl_ms: i64) -> Result<Vec<RenewStatus>> {
