@@ -585,13 +585,18 @@ async fn deadline_loop(s: Arc<Shared>) {
     }
 }
 
+/// Whether a handler of this worker runs (a lease is held whose outcome is not queued).
+fn runs(s: &Shared) -> bool {
+    s.held.lock().unwrap().values().any(|l| !l.finished)
+}
+
 /// What the renewal task does next.
 enum Look {
     /// The renewal (every `ttl_ms/3`).
     Renew,
-    /// An early look for cancels: `exact` when a cancel was made (this process's, a
-    /// notification), else a change that may be one, or the periodic look.
-    Cancels { exact: bool },
+    /// An early look for cancels: a cancel was made (this process's, a notification), a
+    /// change that may be one, or the periodic look of an engine without a watcher.
+    Cancels,
 }
 
 async fn renew_loop(s: Arc<Shared>) {
@@ -611,36 +616,34 @@ async fn renew_loop(s: Arc<Shared>) {
     let mut seen = wake.version(Topic::Cancels);
     let mut seen_changed = wake.version(Topic::Changed);
     let mut looked = Instant::now();
+    // A look asked for by a change that may be a cancel, due at this instant.
+    let mut maybe: Option<Instant> = None;
     loop {
+        // A closed store's waits end at once: then only the timer runs.
+        let open = !*wake.closed().borrow();
+        let maybe_at = maybe.unwrap_or_else(|| Instant::now() + hour);
         let look = tokio::select! {
             _ = stopped(&s) => return,
             _ = tick.tick() => Look::Renew,
-            woke = wake.wait(Topic::Cancels, seen, check_every) => Look::Cancels { exact: woke },
-            _ = wake.wait(Topic::Changed, seen_changed, hour) => Look::Cancels { exact: false },
-        };
-        if let Look::Cancels { exact } = look {
-            seen = wake.version(Topic::Cancels);
-            seen_changed = wake.version(Topic::Changed);
-            if s.held.lock().unwrap().values().all(|l| l.finished) {
-                // Nothing runs: nothing to stop. (The closed store's wait ends at once.)
-                if *wake.closed().borrow() {
-                    tokio::select! {
-                        _ = stopped(&s) => return,
-                        _ = tick.tick() => {}
-                    }
+            _ = wake.wait(Topic::Cancels, seen, check_every), if open => {
+                seen = wake.version(Topic::Cancels);
+                Look::Cancels
+            }
+            _ = wake.wait(Topic::Changed, seen_changed, hour), if open && maybe.is_none() => {
+                seen_changed = wake.version(Topic::Changed);
+                if !runs(&s) {
+                    continue;
                 }
+                // Not at once: at most one such look per CANCEL_GAP, the renewals going on.
+                maybe = Some((looked + CANCEL_GAP).max(Instant::now()));
                 continue;
             }
-            let next = looked + CANCEL_GAP;
-            if !exact && next > Instant::now() {
-                // A cancel made meanwhile ends the pause.
-                let gap = next - Instant::now();
-                tokio::select! {
-                    _ = stopped(&s) => return,
-                    _ = wake.wait(Topic::Cancels, seen, gap) => {}
-                }
-                seen = wake.version(Topic::Cancels);
-                seen_changed = wake.version(Topic::Changed);
+            _ = tokio::time::sleep_until(maybe_at), if maybe.is_some() => Look::Cancels,
+        };
+        if let Look::Cancels = look {
+            maybe = None;
+            if !runs(&s) {
+                continue; // nothing runs: nothing to stop
             }
         }
         let leases: Vec<LeaseRef> = {
@@ -661,11 +664,13 @@ async fn renew_loop(s: Arc<Shared>) {
         // keep the connection's locks): the deadline task does not wait for it.
         let sent = Instant::now();
         looked = sent;
+        // A renewal answers a pending look too.
+        maybe = None;
         let result = match look {
             Look::Renew => store::renew(s.store.as_ref(), &leases, s.req.ttl_ms)
                 .await
                 .map(|st| (st, true)),
-            Look::Cancels { .. } => s.store.check_cancels(&leases, s.req.ttl_ms).await,
+            Look::Cancels => s.store.check_cancels(&leases, s.req.ttl_ms).await,
         };
         match result {
             Ok((status, extended)) => {
@@ -675,7 +680,7 @@ async fn renew_loop(s: Arc<Shared>) {
                 told(&s, &leases, status, extended.then_some(sent));
             }
             Err(e) => {
-                if let Look::Cancels { .. } = look {
+                if let Look::Cancels = look {
                     continue; // the renewal reports the store's trouble
                 }
                 failures += 1;
