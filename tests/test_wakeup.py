@@ -10,7 +10,8 @@ a job that starts, or a signal that aborts, within a few seconds got there by a 
   MySQL (a worker looks for cancels every 500 ms while it holds jobs);
 * Postgres: the listener's connection killed (``pg_terminate_backend``) is opened again and
   notifications work again;
-* idle workers send no more statements than their poll schedule.
+* idle workers send no more statements than their poll schedule;
+* an event consumer wakes on an emit (same Storage; another one on Postgres and SQLite).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ SOON = 4.0  # s: well before either
 
 def _watching(backend: str) -> None:
     if backend == "mysql":
-        pytest.skip("MySQL has no watcher: another process's job is found by the poll")
+        pytest.skip("MySQL has no watcher: another process's change is found by the poll")
 
 
 async def _idle_worker(storage: gnl.Storage, started: asyncio.Queue[str], **kw: Any) -> gnl.Worker:
@@ -263,3 +264,29 @@ async def test_a_consumer_wakes_on_an_emit_in_its_process(storage: gnl.Storage) 
             await asyncio.sleep(0.3)
     finally:
         await consumer.stop()
+
+
+async def test_a_consumer_wakes_on_an_emit_of_another_store(
+    backend: str, store_url: Callable[[], str]
+) -> None:
+    _watching(backend)
+    url = store_url()
+    storage = await gnl.connect(url)
+    other = await gnl.connect(url)
+    got: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def handler(payload: Any, ctx: Any) -> None:
+        got.put_nowait(payload)
+
+    consumer = gnl.create_consumer(storage, "topic-b", handler, name="c1", poll_ms=SLOW_POLL)
+    consumer.start()
+    try:
+        await asyncio.sleep(0.8)  # it found nothing and sleeps 10 s
+        for i in range(2):
+            await gnl.emit(other, "topic-b", {"i": i})
+            assert await asyncio.wait_for(got.get(), SOON) == {"i": i}
+            await asyncio.sleep(0.3)
+    finally:
+        await consumer.stop()
+        await other.close()
+        await storage.close()
