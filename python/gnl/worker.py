@@ -493,8 +493,12 @@ class Worker:
                 if self._stopping:
                     continue
                 if await _wake.sleep(self._storage._native, "jobs", seen, interval, self._wake):
-                    # A wake-up: something was enqueued; the backoff starts over.
+                    # A wake-up: something was enqueued; the backoff starts over. Off SQLite
+                    # the claim skips the probe (a woken herd's claims do not queue on a
+                    # write lock there).
                     interval = self.poll_ms
+                    if self._storage.backend != "sqlite":
+                        native.expect_jobs()
                 else:
                     interval = min(interval * 2, self.max_poll_ms)
             elif self._tasks or self._ready:

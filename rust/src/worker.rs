@@ -160,6 +160,12 @@ impl WorkerCore {
         claim(self.shared.clone(), n).await
     }
 
+    /// Jobs are likely due (a wake-up after an enqueue): the next claim skips the empty-poll
+    /// probe, as after a full claim.
+    pub fn expect_jobs(&self) {
+        self.shared.full.store(true, Ordering::Relaxed);
+    }
+
     /// The organization of a claimed attempt whose lease is held ("" when unknown).
     pub fn org_of(&self, seq: i64, token: i64) -> String {
         let held = self.shared.held.lock().unwrap();

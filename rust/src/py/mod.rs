@@ -673,6 +673,12 @@ impl NativeWorker {
         Ok(())
     }
 
+    /// Jobs are likely due (a wake-up): the next claim skips the empty-poll probe.
+    fn expect_jobs(&self) -> PyResult<()> {
+        self.core()?.expect_jobs();
+        Ok(())
+    }
+
     /// Ask the outcome writer to write the queued outcomes now (it otherwise waits a few ms
     /// for a claim to take them along).
     fn kick(&self) -> PyResult<()> {
