@@ -5,13 +5,19 @@ A real ``gnl studio`` process serves the pages over HTTP (loopback, no token); t
 filled with ``enqueue_many`` in batches of 100,000, then a worker runs ``FINISH`` jobs (half
 fail into ``dead``, half ``done``) so the overview's chart and dead counts have data.
 
+The runs, triggers and dead-events pages get their own data on the same store: RUNS durable
+runs (each with one step; every 100th failed), TRIGGERS triggers, DEAD quarantined events of
+one consumer and CONSUMERS more consumers (one dead event each).
+
 The anchor: the public-API calls a page makes, timed in-process on the same store
 (``list_orgs`` + ``count_jobs`` of one page of organizations for the overview, ``scan_jobs``
-for the jobs pages, ``get_job`` for a job): the ratio page ÷ anchor is what the web layer
+for the jobs pages, ``get_job`` for a job, ``scan_runs`` / ``get_run``, ``list_triggers``,
+``list_consumers``, ``list_dead_events``): the ratio page ÷ anchor is what the web layer
 (HTTP, templates, a second process) adds.
 
 Env: BACKENDS (default ``sqlite,postgres,mysql``), JOBS (1,000,000), ORGS (10,000), N (50
-requests per page), FINISH (2,000). Postgres and MySQL: a database ``gnl_bench_studio`` on the
+requests per page), FINISH (2,000), RUNS (20,000), TRIGGERS (1,000), DEAD (10,000),
+CONSUMERS (200). Postgres and MySQL: a database ``gnl_bench_studio`` on the
 local servers (``PG_ADMIN_URL`` / ``MYSQL_HOST``), created and dropped by the run.
 """
 
@@ -38,10 +44,15 @@ JOBS = c.env_int("JOBS", 1_000_000)
 ORGS = c.env_int("ORGS", 10_000)
 N = c.env_int("N", 50)
 FINISH = c.env_int("FINISH", 2_000)
+RUNS = c.env_int("RUNS", 20_000)
+TRIGGERS = c.env_int("TRIGGERS", 1_000)
+DEAD = c.env_int("DEAD", 10_000)
+CONSUMERS = c.env_int("CONSUMERS", 200)
 BATCH = 100_000
 BACKENDS = [b for b in os.environ.get("BACKENDS", "sqlite,postgres,mysql").split(",") if b]
 DB = "gnl_bench_studio"
 TYPES = ("email", "report", "sync")
+ONE_CONSUMER = "/dead-events/consumer?topic=orders&consumer=billing"
 
 
 def org(i: int) -> str:
@@ -109,6 +120,51 @@ async def fill(url: str) -> float:
     return time.perf_counter() - t0
 
 
+async def fill_ops(url: str) -> float:
+    """Runs, triggers and dead events for the runs, triggers and dead-events pages."""
+    t0 = time.perf_counter()
+    async with await gnl.connect(url) as st:
+
+        async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+            out = await ctx.step("work", lambda: {"i": input, "note": f"run {input}"})
+            if input % 100 == 0:
+                raise RuntimeError(f"run {input} failed")
+            return out
+
+        g = gnl.create_gnl(st, {"wf": wf})
+        sem = asyncio.Semaphore(16)
+
+        async def one(i: int) -> None:
+            async with sem:
+                try:
+                    await g.run_workflow("wf", input=i, run_id=f"run-{i:07d}")
+                except RuntimeError:
+                    pass
+
+        await asyncio.gather(*(one(i) for i in range(RUNS)))
+        for i in range(TRIGGERS):
+            await gnl.schedule_workflow(st, "wf", id=f"trig-{i:05d}", every_ms=60_000 + i)
+
+        async def fail(payload: Any, meta: gnl.EventMeta) -> None:
+            raise RuntimeError(f"event {meta.id} failed")
+
+        for start in range(0, DEAD, 10_000):
+            await gnl.emit_many(
+                st.work,
+                "orders",
+                [
+                    {"payload": {"i": i}, "id": f"ev{i}"}
+                    for i in range(start, min(DEAD, start + 10_000))
+                ],
+            )
+        await gnl.create_consumer(st.work, "orders", fail, name="billing", max_attempts=1).drain()
+        for i in range(CONSUMERS):
+            topic = f"topic-{i:04d}"
+            await gnl.emit(st.work, topic, {"i": i}, id="only")
+            await gnl.create_consumer(st.work, topic, fail, name="c", max_attempts=1).drain()
+    return time.perf_counter() - t0
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -142,7 +198,9 @@ async def time_async(fn: Callable[[], Awaitable[object]]) -> tuple[float, float]
     return p50_p99(xs)
 
 
-async def anchors(url: str, some: gnl.JobInfo) -> dict[str, tuple[float, float]]:
+async def anchors(
+    url: str, some: gnl.JobInfo, mid_run: tuple[int, str]
+) -> dict[str, tuple[float, float]]:
     async with await gnl.connect(url) as st:
         w = st.work
 
@@ -165,7 +223,31 @@ async def anchors(url: str, some: gnl.JobInfo) -> dict[str, tuple[float, float]]
                 lambda: gnl.scan_jobs(w, org_id=some.org_id, state="pending", limit=50, scan=2_000)
             ),
             "job": await time_async(lambda: gnl.get_job(w, some.id, some.org_id)),
+            "runs": await time_async(lambda: gnl.scan_runs(st)),
+            "runs, state=failed": await time_async(lambda: gnl.scan_runs(st, state="failed")),
+            "runs, state=suspended (none: 2,000 examined)": await time_async(
+                lambda: gnl.scan_runs(st, state="suspended")
+            ),
+            "runs, a middle page": await time_async(
+                lambda: gnl.scan_runs(st, cursor=f"{mid_run[0]}:{mid_run[1]}")
+            ),
+            "run": await time_async(lambda: gnl.get_run(st, "run-0000001")),
+            "triggers": await time_async(lambda: gnl.list_triggers(st)),
+            "dead events (consumers)": await time_async(lambda: gnl.list_consumers(w, limit=51)),
+            "dead events of one consumer": await time_async(
+                lambda: gnl.list_dead_events(w, "orders", "billing", limit=51)
+            ),
+            "dead events of one consumer, a middle page": await time_async(
+                lambda: gnl.list_dead_events(w, "orders", "billing", after_seq=DEAD // 2, limit=51)
+            ),
         }
+
+
+async def middle_run(url: str) -> tuple[int, str]:
+    async with await gnl.connect(url) as st:
+        run = await gnl.get_run(st, f"run-{RUNS // 2:07d}")
+        assert run is not None
+        return run.created_at, run.run_id
 
 
 async def one_job(url: str) -> gnl.JobInfo:
@@ -184,7 +266,14 @@ def bench(backend: str) -> None:
             f"{FINISH:,} run, in {secs:.1f} s",
             flush=True,
         )
+        secs = asyncio.run(fill_ops(url))
+        print(
+            f"{backend}: {RUNS:,} runs, {TRIGGERS:,} triggers, {DEAD:,} + {CONSUMERS:,} dead "
+            f"events in {secs:.1f} s",
+            flush=True,
+        )
         some = asyncio.run(one_job(url))
+        middle = asyncio.run(middle_run(url))
         port = free_port()
         proc = subprocess.Popen(
             [
@@ -218,8 +307,21 @@ def bench(backend: str) -> None:
                 "jobs, one org, pending": f"/jobs?org={some.org_id}&state=pending",
                 "job": f"/job?org={some.org_id}&id={some.id}",
                 "audit": "/audit",
+                "runs": "/runs",
+                "runs, state=failed": "/runs?state=failed",
+                "runs, state=suspended (none: 2,000 examined)": "/runs?state=suspended",
+                "runs, a middle page": f"/runs?cursor={middle[0]}:{middle[1]}",
+                "runs table (htmx refresh)": "/runs/table",
+                "run": "/run?id=run-0000001",
+                "triggers": "/triggers",
+                "triggers, a middle page": f"/triggers?after=trig-{TRIGGERS // 2:05d}",
+                "dead events (consumers)": "/dead-events",
+                "dead events of one consumer": ONE_CONSUMER,
+                "dead events of one consumer, a middle page": (
+                    f"{ONE_CONSUMER}&after_seq={DEAD // 2}"
+                ),
             }
-            anchor = asyncio.run(anchors(url, some))
+            anchor = asyncio.run(anchors(url, some, middle))
             print("| page | p50 ms | p99 ms | anchor p50 ms (API calls) | ratio | < 200 ms |")
             print("|---|---|---|---|---|---|")
             for name, path in pages.items():
@@ -254,6 +356,10 @@ def main() -> None:
         jobs=JOBS,
         orgs=ORGS,
         requests_per_page=N,
+        runs=RUNS,
+        triggers=TRIGGERS,
+        dead_events=DEAD,
+        consumers=CONSUMERS,
         backends=",".join(BACKENDS),
     )
     for b in BACKENDS:

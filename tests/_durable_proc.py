@@ -30,31 +30,11 @@ import asyncio
 import os
 import random
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import gnl
-
-_fd = -1
-
-
-def record(*fields: object) -> None:
-    line = " ".join([str(int(time.time() * 1000)), str(os.getpid()), *map(str, fields)])
-    os.write(_fd, (line + "\n").encode())
-
-
-def exists(path: Path) -> bool:
-    return path.exists()
-
-
-async def wait_file(path: Path, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not exists(path):
-        if time.monotonic() > deadline:
-            os._exit(3)
-        await asyncio.sleep(0.01)
-
+from _proclog import exists, open_log, record, wait_file
 
 HOLD = -1
 
@@ -99,9 +79,9 @@ WORKFLOWS = {"steps": steps, "sleeper": sleeper, "pay": pay}
 
 
 async def main(mode: str, url: str, out: Path, args: list[str]) -> int:
-    global _fd, HOLD
+    global HOLD
     HOLD = int(os.environ.get("GNL_HOLD", "-1"))
-    _fd = os.open(out / "log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    open_log(out / "log")
     storage = await gnl.connect(url)
     g = gnl.create_gnl(storage, WORKFLOWS, lease_ms=1_500)
     if mode == "exec":

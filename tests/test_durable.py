@@ -584,3 +584,76 @@ async def test_sqlite_steps_wait_for_another_writer(storage: gnl.Storage, backen
     assert not run.done()
     assert await asyncio.wait_for(run, 30) == [0, 1, 2]
     assert await asyncio.wait_for(blocker.wait(), 10) == 0
+
+
+async def test_a_resume_replays_recorded_results_as_they_were(storage: gnl.Storage) -> None:
+    # The replay serves each recorded result decoded (nulls, nested values, unicode), in
+    # order, without calling the step again; the first new step after them runs.
+    calls, effect = tally()
+    values: list[Any] = [None, 0, "ünï", [1, {"a": None}], {"k": [True, 1.5]}, 2**53]
+    crash = [True]
+
+    def value(tag: str, v: Any) -> Any:
+        effect(tag)
+        return v
+
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        got = [await ctx.step("v", value, f"v{i}", v) for i, v in enumerate(values)]
+        if crash[0]:
+            crash[0] = False
+            raise RuntimeError("dies after the recorded steps")
+        return [got, await ctx.step("after", effect, "after")]
+
+    g = gnl.create_gnl(storage, {"wf": wf})
+    with pytest.raises(RuntimeError):
+        await g.run_workflow("wf", run_id="r")
+    assert await g.run_workflow("wf", run_id="r") == [values, "after"]
+    assert calls == {**{f"v{i}": 1 for i in range(len(values))}, "after": 1}
+
+
+async def test_a_run_whose_code_changed_fails_loudly_at_the_step_that_differs(
+    storage: gnl.Storage,
+) -> None:
+    # Recorded a, b; the code now calls a, c: the replay passes a and fails at c naming both,
+    # without calling c (a run is never silently re-aimed at other side effects).
+    calls, effect = tally()
+    second = ["b"]
+
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        await ctx.step("a", effect, "a")
+        await ctx.step(second[0], effect, second[0])
+        if second[0] == "b":
+            raise RuntimeError("dies after b")
+        return "done"
+
+    g = gnl.create_gnl(storage, {"wf": wf})
+    with pytest.raises(RuntimeError):
+        await g.run_workflow("wf", run_id="r")
+    second[0] = "c"
+    with pytest.raises(gnl.GnlError, match=r"step 1 is recorded as 'b'.*now calls 'c'"):
+        await g.run_workflow("wf", run_id="r")
+    assert calls == {"a": 1, "b": 1}
+
+
+async def test_an_aborted_signal_stops_a_replay_at_the_next_recorded_step(
+    storage: gnl.Storage,
+) -> None:
+    calls, effect = tally()
+    crash = [True]
+
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        a = await ctx.step("a", effect, "a")
+        if not crash[0]:
+            ctx.signal.abort("canceled")
+        b = await ctx.step("b", effect, "b")
+        if crash[0]:
+            crash[0] = False
+            raise RuntimeError("dies after b")
+        return [a, b]
+
+    g = gnl.create_gnl(storage, {"wf": wf})
+    with pytest.raises(RuntimeError):
+        await g.run_workflow("wf", run_id="r")
+    with pytest.raises(gnl.ExecutionRevokedError):
+        await g.run_workflow("wf", run_id="r", signal=gnl.RevocationSignal())
+    assert calls == {"a": 1, "b": 1}

@@ -15,17 +15,16 @@
 from __future__ import annotations
 
 import asyncio
-import os
+import contextlib
 import random
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
+import _support
 import gnl
 
 PROC = str(Path(__file__).with_name("_durable_proc.py"))
@@ -50,29 +49,10 @@ class Log:
             time.sleep(0.02)
 
 
-@contextmanager
-def processes(tmp: Path) -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
-    procs: list[subprocess.Popen[bytes]] = []
-
-    def spawn(mode: str, url: str, *args: str, **env: str) -> subprocess.Popen[bytes]:
-        p = subprocess.Popen(
-            [sys.executable, PROC, mode, url, str(tmp), *args],
-            env={**os.environ, **env},
-            stdout=subprocess.DEVNULL,
-        )
-        procs.append(p)
-        return p
-
-    try:
-        yield spawn
-    finally:
-        (tmp / "stop").touch()
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+def processes(
+    tmp: Path,
+) -> contextlib.AbstractContextManager[Callable[..., subprocess.Popen[bytes]]]:
+    return _support.processes(PROC, tmp)
 
 
 def kill9(p: subprocess.Popen[bytes]) -> None:

@@ -165,20 +165,67 @@ async def test_emit_many_takes_100000_events_in_one_call(storage: gnl.Storage) -
     ids = await gnl.emit_many(storage.work, "big", ({"payload": {"i": i}} for i in range(n)))
     assert len(ids) == n and len(set(ids)) == n
     await gnl.emit(storage.work, "big", 0, id=ids[5])  # the same event: nothing written
-    _, handler = recorder()
-    c = gnl.create_consumer(storage.work, "big", handler, name="f")
     got: list[int] = []
 
     async def first(payload: Any, meta: gnl.EventMeta) -> None:
         got.append(payload["i"])
         if len(got) == 150:
-            c._stop = True  # stop after the first batches (reading 100,000 is not the point)
+            await c.stop()  # after this batch (reading 100,000 is not the point)
 
-    c.handler = first
-    await c.drain()
+    c = gnl.create_consumer(storage.work, "big", first, name="f")
+    assert await c.drain() == gnl.DrainResult(200, 200, 0)
     assert got[:150] == list(range(150))
     lag = await c.lag()
     assert lag is not None and lag.behind == n - lag.cursor and lag.cursor >= 100
+
+
+async def test_stop_from_a_handler_or_another_task_ends_the_loop_after_its_batch(
+    storage: gnl.Storage,
+) -> None:
+    await gnl.emit_many(storage.work, "t", [{"payload": i} for i in range(1_000)])
+    got: list[int] = []
+    stop_at = [10]
+
+    async def handler(payload: Any, meta: gnl.EventMeta) -> None:
+        got.append(payload)
+        if payload == stop_at[0]:
+            await c.stop()  # from inside: returns at once
+
+    c = gnl.create_consumer(storage.work, "t", handler, name="f", poll_ms=10)
+    # drain: the batch in hand finishes, its acks are written, drain returns.
+    assert await c.drain() == gnl.DrainResult(100, 100, 0)
+    lag = await c.lag()
+    assert lag is not None and lag.cursor == 100
+    # start: a handler's stop() ends the loop after its batch (no deadlock on itself).
+    stop_at[0] = 150
+    c.start()
+    for _ in range(1_500):
+        lag = await c.lag()
+        if lag is not None and lag.cursor == 200:
+            break
+        await asyncio.sleep(0.02)
+    assert lag is not None and (lag.cursor, lag.behind) == (200, 800), "all 200 accepted"
+    await asyncio.wait_for(c.stop(), 30)
+    assert got == list(range(200))
+    # From another task while drain runs: stop() returns once drain has returned.
+
+    running = asyncio.Event()
+
+    async def slow(payload: Any, meta: gnl.EventMeta) -> None:
+        got.append(payload)
+        if len(got) == 210:
+            running.set()
+        await asyncio.sleep(0.002)
+
+    c2 = gnl.create_consumer(storage.work, "t", slow, name="f")
+    task = asyncio.get_running_loop().create_task(c2.drain())
+    await asyncio.wait_for(running.wait(), 60)
+    await asyncio.wait_for(c2.stop(), 30)
+    assert task.done()
+    r = task.result()
+    lag = await c.lag()
+    assert lag is not None and lag.cursor == 200 + r.processed == len(got)
+    assert r.processed % 100 == 0 and 0 < r.processed < 800
 
 
 @pytest.mark.parametrize(

@@ -389,6 +389,50 @@ async def test_stop_raises_when_an_outcome_outlives_its_lease(storage: gnl.Stora
     assert job is not None and job.state in ("running", "pending"), job
 
 
+@pytest.mark.parametrize("backend", ["postgres"])
+async def test_stop_after_the_store_came_back_returns_cleanly(storage: gnl.Storage) -> None:
+    # An outcome given up during an outage while the worker runs was logged then; its job
+    # runs again on this worker once the store is back. A later stop() has nothing it could
+    # not write and returns: a worker that lived through an outage stops cleanly (CI saw
+    # `gnl run`-style processes exit 1 after a database restart).
+    runs: list[int] = []
+    go = asyncio.Event()
+    started = asyncio.Event()
+
+    async def charge(payload: Any, ctx: gnl.JobContext) -> dict[str, bool]:
+        runs.append(ctx.attempt)
+        started.set()
+        await go.wait()
+        return {"charged": True}
+
+    job_id = await gnl.enqueue(storage, "charge", None)
+    w = gnl.create_worker(storage, {"charge": charge}, ttl_ms=1_500, poll_ms=20)
+    w.start()
+    try:
+        await asyncio.wait_for(started.wait(), 10)
+        await pg_outage_start(storage.url)
+        try:
+            go.set()  # the success cannot be written; its lease runs out during the outage
+            await asyncio.sleep(4)
+        finally:
+            await pg_outage_end(storage.url)
+
+        async def done() -> bool:
+            job = await gnl.get_job(storage, job_id)
+            return job is not None and job.state == "done"
+
+        deadline = time.monotonic() + 30
+        while not await done():
+            assert time.monotonic() < deadline, await gnl.get_job(storage, job_id)
+            await asyncio.sleep(0.05)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await w.stop()
+        raise
+    await w.stop()  # raised StoreUnavailableError ("1 job outcome(s) could not be written")
+    assert len(runs) >= 2, runs  # the given-up success ran again
+
+
 # --------------------------------------------------------------------------------------------
 # Finding 5: an outcome the store refuses for a while is written once it can be; one poison
 # outcome fails alone

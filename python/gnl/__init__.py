@@ -7,6 +7,7 @@ Everything public is exported here (API.md is the contract).
 from __future__ import annotations
 
 from . import _bridge  # noqa: F401  (registers the exit hook)
+from .app import App, AppError
 from .cron import cron_times, next_cron_time, parse_field
 from .durable import (
     Gnl,
@@ -22,6 +23,7 @@ from .durable import (
     get_run,
     list_runs,
     resolve_step,
+    scan_runs,
 )
 from .errors import (
     CronError,
@@ -40,6 +42,7 @@ from .errors import (
 )
 from .events import (
     Consumer,
+    ConsumerInfo,
     ConsumerLag,
     DeadEvent,
     EventMeta,
@@ -48,6 +51,7 @@ from .events import (
     create_consumer,
     emit,
     emit_many,
+    list_consumers,
     list_dead_events,
     retry_dead_event,
 )
@@ -80,12 +84,14 @@ from .scheduler import (
     unschedule,
 )
 from .signal import RevocationSignal
-from .storage import Journal, Storage, WorkStore, connect, upgrade
+from .storage import Journal, Storage, WorkStore, connect, redact_url, upgrade
 from .worker import DrainResult, Handler, JobContext, Worker, create_worker
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "App",
+    "AppError",
     "unschedule",
     "schedule_workflow",
     "poll_scheduler",
@@ -98,6 +104,7 @@ __all__ = [
     "CronError",
     "JobCounts",
     "Consumer",
+    "ConsumerInfo",
     "ConsumerLag",
     "DeadEvent",
     "DrainResult",
@@ -151,6 +158,7 @@ __all__ = [
     "get_job",
     "get_run",
     "list_all_jobs",
+    "list_consumers",
     "list_dead_events",
     "list_jobs",
     "list_runs",
@@ -159,7 +167,9 @@ __all__ = [
     "parse_field",
     "resolve_step",
     "retry_dead_event",
+    "redact_url",
     "retry_job",
     "scan_jobs",
+    "scan_runs",
     "upgrade",
 ]

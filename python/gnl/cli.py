@@ -1,10 +1,12 @@
 """The ``gnl`` command line (API.md "Command line and Studio").
 
-``gnl upgrade URL`` · ``gnl demo`` · ``gnl jobs list|show|retry|cancel`` ·
-``gnl runs list|show|resolve`` · ``gnl studio URL``. Every command takes
-``--url`` or the ``GNL_URL`` environment variable. An error from gnl prints one line on stderr
-and exits with code 2; a command that finds nothing to do (an unknown job, a job that is not
-dead) exits with code 1.
+``gnl upgrade URL`` · ``gnl demo`` · ``gnl run MODULE:ATTR`` · ``gnl studio URL`` ·
+``gnl jobs list|show|retry|cancel`` · ``gnl runs list|show|resolve`` · ``gnl events dead|retry``
+· ``gnl triggers list|unschedule`` · ``gnl cron EXPR``. Every command that reads a store takes
+``--url`` or the ``GNL_URL`` environment variable, and ``--json`` for scripts. An error prints
+one line on stderr; exit code 2 for bad usage (a bad option or argument, a URL gnl does not
+accept), 1 for an operation that failed (a store that cannot be reached, an outdated schema, an
+unknown id, a job that is not dead).
 """
 
 from __future__ import annotations
@@ -40,6 +42,16 @@ _url_option = click.option(
     metavar="URL",
     help="The store: sqlite:///path.db, postgres://…, mysql://… (or set GNL_URL).",
 )
+_json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Print the outcome as one JSON object (for scripts)."
+)
+
+
+def _ex(*lines: str) -> str:
+    """A command's epilog: its examples, kept as written by ``--help``."""
+    return "\b\nExamples:\n" + "\n".join(f"  {ln}" for ln in lines)
+
+
 _org_option = click.option(
     "--org", "org", metavar="ORG", default=None, help="The job's organization (default: none)."
 )
@@ -50,24 +62,29 @@ class CliError(Exception):
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
-    click.echo(f"gnl: {message}", err=True)
+    click.echo(f"gnl: {' '.join(message.split())}", err=True)
     sys.exit(code)
 
 
+def _fail_error(e: BaseException) -> NoReturn:
+    """gnl's errors: a bad argument (InvalidArgumentError, TypeError) is bad usage (exit 2);
+    any other failure of the operation exits 1."""
+    bad_usage = isinstance(e, (gnl.InvalidArgumentError, TypeError, CliError))
+    _fail(
+        f"{type(e).__name__}: {e}" if not isinstance(e, CliError) else str(e), 2 if bad_usage else 1
+    )
+
+
 def _run(coro_fn: Callable[[], Awaitable[T]]) -> T:
-    """Run one command's coroutine; gnl's errors become one line on stderr and exit code 2."""
+    """Run one command's coroutine; an error becomes one line on stderr (see the module)."""
 
     async def runner() -> T:
         return await coro_fn()
 
     try:
         return asyncio.run(runner())
-    except CliError as e:
-        _fail(str(e))
-    except gnl.GnlError as e:
-        _fail(f"{type(e).__name__}: {e}")
-    except TypeError as e:
-        _fail(f"TypeError: {e}")
+    except (CliError, gnl.GnlError, TypeError) as e:
+        _fail_error(e)
     except KeyboardInterrupt:
         _fail("interrupted", 130)
 
@@ -90,7 +107,7 @@ def _need_store(url: str | None) -> str:
     target = _need_url(url)
     path = _sqlite_file(target)
     if path and not os.path.exists(path):
-        _fail(f"no SQLite store at {path!r} (from {target})")
+        _fail(f"no SQLite store at {path!r} (from {target}); create it with gnl upgrade", 1)
     return target
 
 
@@ -102,11 +119,33 @@ def _when(ms: int | None) -> str:
     if ms is None:
         return "—"
     dt = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
-    return dt.strftime("%Y-%m-%d %H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+
+
+def _cell_time(ms: int | None) -> str:
+    """A time in a table cell: ISO-8601 with a space for the ``T`` (RFC 3339 allows it), so a
+    narrow column wraps it between the date and the time."""
+    return _when(ms).replace("T", " ")
 
 
 def _job_dict(job: gnl.JobInfo) -> dict[str, Any]:
     return asdict(job)
+
+
+def _print_json(value: Any, *, indent: int | None = None) -> None:
+    click.echo(json.dumps(value, ensure_ascii=False, indent=indent))
+
+
+def _table(*columns: str, wrap: Sequence[str] = ()) -> Table:
+    """A table whose ``wrap`` columns (ids, errors) fold onto more lines in a narrow terminal
+    instead of being cut; the others keep one line."""
+    table = Table(header_style="bold")
+    for col in columns:
+        if col in wrap:
+            table.add_column(col, overflow="fold")
+        else:
+            table.add_column(col, no_wrap=True)
+    return table
 
 
 def _short(text: str | None, width: int = 60) -> str:
@@ -119,7 +158,39 @@ def _short(text: str | None, width: int = 60) -> str:
 # -- the group ------------------------------------------------------------------------------------
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _OneLineErrors(click.Group):
+    """The ``gnl`` group: click's usage errors are one line on stderr too (exit code 2),
+    naming the command's ``--help``."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        try:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        except click.UsageError as e:
+            hint = f"; see {e.ctx.command_path} --help" if e.ctx is not None else ""
+            _fail(f"{e.format_message().rstrip('.')}{hint}", 2)
+        except click.Abort:
+            _fail("interrupted", 130)
+        except click.ClickException as e:
+            _fail(e.format_message(), e.exit_code)
+
+
+@click.group(
+    cls=_OneLineErrors,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog=_ex(
+        "export GNL_URL=sqlite:///jobs.db",
+        "gnl upgrade",
+        "gnl run myapp.tasks:app",
+        "gnl jobs list --state dead",
+    ),
+)
 @click.version_option(gnl.__version__, prog_name="gnl")
 def cli() -> None:
     """gnl: durable background work — a job queue, a cron scheduler and an event log on
@@ -129,20 +200,26 @@ def cli() -> None:
 # -- upgrade --------------------------------------------------------------------------------------
 
 
-@cli.command()
+@cli.command(
+    epilog=_ex("gnl upgrade sqlite:///jobs.db", "GNL_URL=postgres://app@db/app gnl upgrade --json")
+)
 @click.argument("url_arg", metavar="URL", required=False)
 @_url_option
-def upgrade(url_arg: str | None, url: str | None) -> None:
-    """Bring the store at URL to the current schema (idempotent)."""
+@_json_option
+def upgrade(url_arg: str | None, url: str | None, as_json: bool) -> None:
+    """Create the store at URL, or bring it to the current schema (idempotent)."""
     target = _need_url(url_arg or url)
     version = _run(lambda: gnl.upgrade(target))
+    if as_json:
+        _print_json({"url": _native.redact_url(target), "schema_version": version})
+        return
     click.echo(f"{_native.redact_url(target)}: schema version {version}")
 
 
 # -- demo -----------------------------------------------------------------------------------------
 
 
-@cli.command()
+@cli.command(epilog=_ex("gnl demo", "gnl demo --url postgres://postgres@127.0.0.1/test --no-crash"))
 @_url_option
 @click.option(
     "--csv",
@@ -247,12 +324,18 @@ def demo(
 # -- jobs -----------------------------------------------------------------------------------------
 
 
-@cli.group()
+@cli.group(epilog=_ex("gnl jobs list --state dead", "gnl jobs retry JOB_ID"))
 def jobs() -> None:
     """List, show, retry and cancel jobs."""
 
 
-@jobs.command("list")
+@jobs.command(
+    "list",
+    epilog=_ex(
+        "gnl jobs list --url sqlite:///jobs.db --org acme",
+        "gnl jobs list --all --state dead --json",
+    ),
+)
 @_url_option
 @_org_option
 @click.option("--state", type=click.Choice(STATES), help="Only jobs in this state.")
@@ -277,12 +360,12 @@ def jobs_list(
 ) -> None:
     """List jobs: one organization's lane (--org; without it, the jobs that have no
     organization), or every job on the store (--all), in enqueue order."""
-    target = _need_store(url)
     if all_orgs and org is not None:
         raise click.UsageError("--all lists every organization; it does not go with --org")
     filtered = all_orgs and (state is not None or job_type is not None)
     if filtered and cursor is not None:
         raise click.UsageError("--cursor does not go with --all and --state/--type")
+    target = _need_store(url)
 
     async def go() -> tuple[list[gnl.JobInfo], str | None, int | None]:
         async with await _open(target) as storage:
@@ -321,9 +404,17 @@ def jobs_list(
         where = "on the store" if all_orgs else f"in org {org!r}" if org else "without organization"
         console.print(f"no jobs {where}" + (" matching the filters" if state or job_type else ""))
         return
-    table = Table(show_lines=False, header_style="bold")
-    for col in ("org", "id", "type", "state", "att", "run at (UTC)", "updated (UTC)", "error"):
-        table.add_column(col, no_wrap=col not in ("id", "error"))
+    table = _table(
+        "org",
+        "id",
+        "type",
+        "state",
+        "att",
+        "run at (UTC)",
+        "updated (UTC)",
+        "error",
+        wrap=("org", "id", "type", "error", "run at (UTC)", "updated (UTC)"),
+    )
     for job in items:
         table.add_row(
             escape(job.org_id or "—"),
@@ -331,8 +422,8 @@ def jobs_list(
             escape(job.type),
             job.state,
             f"{job.attempts}/{job.max_attempts}",
-            _when(job.run_at),
-            _when(job.updated_at),
+            _cell_time(job.run_at),
+            _cell_time(job.updated_at),
             escape(_short(job.last_error)),
         )
     console.print(table)
@@ -344,7 +435,7 @@ def jobs_list(
         console.print(f"more jobs: add --cursor {escape(next_cursor)}", soft_wrap=True)
 
 
-@jobs.command("show")
+@jobs.command("show", epilog=_ex("gnl jobs show order-42 --org acme --json"))
 @click.argument("job_id", metavar="ID")
 @_url_option
 @_org_option
@@ -365,8 +456,8 @@ def jobs_show(job_id: str, url: str | None, org: str | None, as_json: bool) -> N
         return
     console = Console()
     table = Table(show_header=False, box=None, pad_edge=False)
-    table.add_column(style="bold")
-    table.add_column()
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
     rows: list[tuple[str, str]] = [
         ("id", job.id),
         ("org", job.org_id or "— (none)"),
@@ -397,11 +488,12 @@ async def _explain(storage: gnl.Storage, job_id: str, org: str | None) -> str:
     return f"job {job_id!r} {where} is {job.state}"
 
 
-@jobs.command("retry")
+@jobs.command("retry", epilog=_ex("gnl jobs retry order-42 --org acme"))
 @click.argument("job_id", metavar="ID")
 @_url_option
 @_org_option
-def jobs_retry(job_id: str, url: str | None, org: str | None) -> None:
+@_json_option
+def jobs_retry(job_id: str, url: str | None, org: str | None, as_json: bool) -> None:
     """Send a dead job back to pending (attempts reset to 0)."""
     target = _need_store(url)
 
@@ -414,15 +506,21 @@ def jobs_retry(job_id: str, url: str | None, org: str | None) -> None:
     ok, why = _run(go)
     if not ok:
         _fail(f"{why}; only a dead job can be retried, nothing changed", 1)
+    if as_json:
+        _print_json({"id": job_id, "org_id": org, "state": "pending"})
+        return
     click.echo(f"job {job_id!r} is pending again")
 
 
-@jobs.command("cancel")
+@jobs.command("cancel", epilog=_ex('gnl jobs cancel order-42 --org acme --reason "duplicate"'))
 @click.argument("job_id", metavar="ID")
 @_url_option
 @_org_option
 @click.option("--reason", metavar="R", help="Recorded as the job's last error.")
-def jobs_cancel(job_id: str, url: str | None, org: str | None, reason: str | None) -> None:
+@_json_option
+def jobs_cancel(
+    job_id: str, url: str | None, org: str | None, reason: str | None, as_json: bool
+) -> None:
     """Cancel a pending job at once, or a running one when its handler returns."""
     target = _need_store(url)
 
@@ -437,6 +535,11 @@ def jobs_cancel(job_id: str, url: str | None, org: str | None, reason: str | Non
     ok, info = _run(go)
     if not ok:
         _fail(f"{info}; only a pending or running job can be canceled, nothing changed", 1)
+    if as_json:
+        _print_json(
+            {"id": job_id, "org_id": org, "state": "canceling" if info == "running" else "canceled"}
+        )
+        return
     if info == "running":
         click.echo(
             f"job {job_id!r} is running: its signal is aborted; "
@@ -449,7 +552,7 @@ def jobs_cancel(job_id: str, url: str | None, org: str | None, reason: str | Non
 # -- runs -----------------------------------------------------------------------------------------
 
 
-@cli.group()
+@cli.group(epilog=_ex("gnl runs list --state failed", "gnl runs show RUN_ID"))
 def runs() -> None:
     """List and show durable runs; resolve an at-most-once step left without result."""
 
@@ -458,7 +561,7 @@ def _run_dict(run: gnl.RunInfo) -> dict[str, Any]:
     return asdict(run)
 
 
-@runs.command("list")
+@runs.command("list", epilog=_ex("gnl runs list --workflow report --state running --json"))
 @_url_option
 @click.option("--state", type=click.Choice(RUN_STATES), help="Only runs in this state.")
 @click.option("--workflow", metavar="W", help="Only runs of this workflow.")
@@ -486,22 +589,28 @@ def runs_list(
     if not items:
         console.print("no runs" + (" matching the filters" if state or workflow else ""))
         return
-    table = Table(header_style="bold")
-    for col in ("run id", "workflow", "state", "created (UTC)", "wake at / lease until", "error"):
-        table.add_column(col, no_wrap=col not in ("run id", "error"))
+    table = _table(
+        "run id",
+        "workflow",
+        "state",
+        "created (UTC)",
+        "wake at / lease until",
+        "error",
+        wrap=("run id", "workflow", "error", "created (UTC)", "wake at / lease until"),
+    )
     for run in items:
         table.add_row(
             escape(run.run_id),
             escape(run.workflow),
             run.state,
-            _when(run.created_at),
-            _when(run.wake_at if run.state == "suspended" else run.lease_expires_at),
+            _cell_time(run.created_at),
+            _cell_time(run.wake_at if run.state == "suspended" else run.lease_expires_at),
             escape(_short(run.error)),
         )
     console.print(table)
 
 
-@runs.command("show")
+@runs.command("show", epilog=_ex("gnl runs show sched:nightly:12 --json"))
 @click.argument("run_id", metavar="RUN_ID")
 @_url_option
 @click.option("--json", "as_json", is_flag=True, help="Print the run as one JSON object.")
@@ -521,8 +630,8 @@ def runs_show(run_id: str, url: str | None, as_json: bool) -> None:
         return
     console = Console()
     head = Table(show_header=False, box=None, pad_edge=False)
-    head.add_column(style="bold")
-    head.add_column()
+    head.add_column(style="bold", no_wrap=True)
+    head.add_column(overflow="fold")
     for k, v in (
         ("run id", run.run_id),
         ("workflow", run.workflow),
@@ -537,40 +646,58 @@ def runs_show(run_id: str, url: str | None, as_json: bool) -> None:
     ):
         head.add_row(k, escape(v))
     console.print(head)
-    steps = Table(header_style="bold")
-    for col in ("#", "step", "n", "state", "recorded (UTC)", "result"):
-        steps.add_column(col, no_wrap=col != "result")
+    steps = _table(
+        "#",
+        "step",
+        "n",
+        "state",
+        "recorded (UTC)",
+        "result",
+        wrap=("step", "result", "recorded (UTC)"),
+    )
     for st in run.steps:
         steps.add_row(
             str(st.position),
             escape(st.name),
             str(st.n),
             st.state,
-            _when(st.started_at),
+            _cell_time(st.started_at),
             escape(_short(json.dumps(st.result, ensure_ascii=False))),
         )
     console.print(steps)
 
 
-@runs.command("resolve")
+@runs.command(
+    "resolve",
+    epilog=_ex(
+        "gnl runs resolve c-2 pay --value '{\"paid\": 2}'", "gnl runs resolve c-2 pay --retry"
+    ),
+)
 @click.argument("run_id", metavar="RUN_ID")
 @click.argument("step", metavar="STEP")
 @_url_option
 @click.option("--n", "n", default=0, show_default=True, type=click.IntRange(0), help="Which call.")
 @click.option("--value", metavar="JSON", help="It happened: record this JSON as its result.")
 @click.option("--retry", is_flag=True, help="It did not happen: run the step again.")
+@_json_option
 def runs_resolve(
-    run_id: str, step: str, url: str | None, n: int, value: str | None, retry: bool
+    run_id: str,
+    step: str,
+    url: str | None,
+    n: int,
+    value: str | None,
+    retry: bool,
+    as_json: bool,
 ) -> None:
     """Resolve an at-most-once step whose earlier start left no result
     (StepOutcomeUnknownError): --value JSON or --retry."""
-    target = _need_store(url)
     if (value is None) == (not retry):
         raise click.UsageError("give exactly one of --value JSON and --retry")
     try:
         decoded = None if value is None else json.loads(value)
     except json.JSONDecodeError as e:
         raise click.UsageError(f"--value is not JSON: {e}") from None
+    target = _need_store(url)
 
     async def go() -> bool:
         async with await _open(target) as storage:
@@ -580,13 +707,23 @@ def runs_resolve(
 
     if not _run(go):
         _fail(f"step {step!r} (call {n}) of run {run_id!r} is not an unresolved intent", 1)
+    if as_json:
+        _print_json(
+            {"run_id": run_id, "step": step, "n": n, "resolved": "retry" if retry else "value"}
+        )
+        return
     click.echo(f"step {step!r} (call {n}) of run {run_id!r} resolved; resume the run")
 
 
 # -- studio ---------------------------------------------------------------------------------------
 
 
-@cli.command()
+@cli.command(
+    epilog=_ex(
+        "gnl studio sqlite:///jobs.db",
+        "gnl studio --url postgres://app@db/app --host 0.0.0.0 --token VIEWER --admin-token ADMIN",
+    )
+)
 @click.argument("url_arg", metavar="URL", required=False)
 @_url_option
 @click.option("--host", default="127.0.0.1", show_default=True, help="The address to bind.")
@@ -664,12 +801,12 @@ def studio(
         _fail(f"cannot serve on {host}:{port}: {e}")
 
 
-@cli.group()
+@cli.group(epilog=_ex("gnl triggers list", "gnl triggers unschedule nightly"))
 def triggers() -> None:
     """List and unschedule the scheduler's triggers."""
 
 
-@triggers.command("list")
+@triggers.command("list", epilog=_ex("gnl triggers list --url sqlite:///jobs.db --json"))
 @_url_option
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def triggers_list(url: str | None, as_json: bool) -> None:
@@ -689,9 +826,17 @@ def triggers_list(url: str | None, as_json: bool) -> None:
     if not items:
         console.print("no triggers")
         return
-    table = Table(header_style="bold")
-    for col in ("id", "workflow", "kind", "spec", "state", "fires", "next run (UTC)", "error"):
-        table.add_column(col, no_wrap=col not in ("id", "error"))
+    table = _table(
+        "id",
+        "workflow",
+        "kind",
+        "spec",
+        "state",
+        "fires",
+        "next run (UTC)",
+        "error",
+        wrap=("id", "workflow", "spec", "error", "next run (UTC)"),
+    )
     for t in items:
         table.add_row(
             escape(t.id),
@@ -700,16 +845,17 @@ def triggers_list(url: str | None, as_json: bool) -> None:
             escape(str(t.spec)),
             t.state,
             str(t.fire_count),
-            _when(t.next_run_at),
+            _cell_time(t.next_run_at),
             escape(_short(t.last_error)),
         )
     console.print(table)
 
 
-@triggers.command("unschedule")
+@triggers.command("unschedule", epilog=_ex("gnl triggers unschedule nightly"))
 @click.argument("trigger_id", metavar="ID")
 @_url_option
-def triggers_unschedule(trigger_id: str, url: str | None) -> None:
+@_json_option
+def triggers_unschedule(trigger_id: str, url: str | None, as_json: bool) -> None:
     """Remove trigger ID (its runs stay in the journal). Exit code 1 when there is none."""
     target = _need_store(url)
 
@@ -719,26 +865,174 @@ def triggers_unschedule(trigger_id: str, url: str | None) -> None:
 
     if not _run(go):
         _fail(f"no trigger {trigger_id!r}", 1)
+    if as_json:
+        _print_json({"id": trigger_id, "unscheduled": True})
+        return
     click.echo(f"trigger {trigger_id!r} unscheduled")
 
 
-@cli.command("cron")
+@cli.command("cron", epilog=_ex("gnl cron '0 3 * * 1-5'", "gnl cron '*/15 * * * *' -n 3 --json"))
 @click.argument("expr", metavar="EXPR")
 @click.option("-n", "count", default=5, show_default=True, type=click.IntRange(1, 10_000))
 @click.option("--after", "after_ms", type=int, help="Epoch ms to start after (default: now).")
-@click.option("--json", "as_json", is_flag=True, help="Print the times as one JSON list (ms).")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the times as one JSON list of epoch ms."
+)
 def cron_cmd(expr: str, count: int, after_ms: int | None, as_json: bool) -> None:
-    """Print the next fire times of cron expression EXPR (UTC)."""
+    """Print the next fire times of cron expression EXPR (UTC, ISO-8601); no store is read."""
     start = after_ms if after_ms is not None else int(datetime.now(timezone.utc).timestamp() * 1000)
     try:
         times = gnl.cron_times(expr, start, count)
     except gnl.CronError as e:
-        _fail(f"CronError: {e}")
+        _fail(f"CronError: {e}")  # a refused expression is bad usage: exit 2
     if as_json:
         click.echo(json.dumps(times))
         return
     for t in times:
         click.echo(_when(t))
+
+
+# -- events ---------------------------------------------------------------------------------------
+
+
+@cli.group(epilog=_ex("gnl events dead orders billing", "gnl events retry orders billing EVENT_ID"))
+def events() -> None:
+    """List and retry the events a consumer quarantined."""
+
+
+@events.command("dead", epilog=_ex("gnl events dead orders billing --url sqlite:///jobs.db --json"))
+@click.argument("topic", metavar="TOPIC")
+@click.argument("consumer", metavar="CONSUMER")
+@_url_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+def events_dead(topic: str, consumer: str, url: str | None, as_json: bool) -> None:
+    """List the events consumer CONSUMER of TOPIC quarantined (it gave up on them), in log
+    order."""
+    target = _need_store(url)
+
+    async def go() -> list[gnl.DeadEvent]:
+        async with await _open(target) as storage:
+            return await gnl.list_dead_events(storage.work, topic, consumer)
+
+    items = _run(go)
+    if as_json:
+        for ev in items:
+            click.echo(json.dumps(asdict(ev), ensure_ascii=False))
+        return
+    console = Console()
+    if not items:
+        console.print(
+            f"no quarantined events for consumer {escape(consumer)!r} of {escape(topic)!r}"
+        )
+        return
+    table = _table(
+        "id",
+        "attempts",
+        "quarantined (UTC)",
+        "error",
+        "payload",
+        wrap=("id", "error", "payload", "quarantined (UTC)"),
+    )
+    for ev in items:
+        table.add_row(
+            escape(ev.id),
+            str(ev.attempts),
+            _cell_time(ev.at),
+            escape(_short(ev.error)),
+            escape(_short(json.dumps(ev.payload, ensure_ascii=False))),
+        )
+    console.print(table)
+
+
+@events.command("retry", epilog=_ex("gnl events retry orders billing 01JD0Z6K3M"))
+@click.argument("topic", metavar="TOPIC")
+@click.argument("consumer", metavar="CONSUMER")
+@click.argument("event_id", metavar="ID")
+@_url_option
+@_json_option
+def events_retry(topic: str, consumer: str, event_id: str, url: str | None, as_json: bool) -> None:
+    """Hand quarantined event ID back to CONSUMER of TOPIC for a fresh series of attempts.
+    Exit code 1 when the consumer has no such quarantined event."""
+    target = _need_store(url)
+
+    async def go() -> bool:
+        async with await _open(target) as storage:
+            return await gnl.retry_dead_event(storage.work, topic, consumer, event_id)
+
+    if not _run(go):
+        _fail(f"no quarantined event {event_id!r} for consumer {consumer!r} of {topic!r}", 1)
+    if as_json:
+        _print_json({"topic": topic, "consumer": consumer, "id": event_id, "retried": True})
+        return
+    click.echo(f"event {event_id!r} handed back to consumer {consumer!r} of {topic!r}")
+
+
+# -- run ------------------------------------------------------------------------------------------
+
+
+@cli.command(
+    "run",
+    epilog=_ex(
+        "gnl run myapp.tasks:app",
+        "gnl run myapp.tasks:app --only worker --grace-ms 60000",
+        "GNL_URL=postgres://app@db/app gnl run myapp.tasks:app --only scheduler,waker",
+    ),
+)
+@click.argument("target", metavar="MODULE:ATTR")
+@_url_option
+@click.option(
+    "--only",
+    metavar="ROLES",
+    help="Run only these roles, comma-separated: worker, scheduler, consumers, waker "
+    "(default: all).",
+)
+@click.option(
+    "--grace-ms",
+    default=30_000,
+    show_default=True,
+    type=click.IntRange(0),
+    help="On SIGTERM/SIGINT, how long running handlers get to return before their signals "
+    "abort (why='shutdown'), and again after.",
+)
+@click.option(
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    help="The level of the 'gnl' logger's lines on stderr.",
+)
+def run_cmd(target: str, url: str | None, only: str | None, grace_ms: int, log_level: str) -> None:
+    """Run the app MODULE:ATTR (a gnl.App): its workers, scheduler, consumers and workflow
+    waker in this process, until SIGTERM or SIGINT.
+
+    The working directory is importable. The store is --url, else the app's url, else GNL_URL;
+    an empty store gets the schema, an outdated one is refused (run gnl upgrade). The first
+    signal stops claiming and lets running handlers finish (--grace-ms, then their signals
+    abort); exit code 0 when everything settled, 1 when some outcome could not be written or
+    a handler ignored its signal (those jobs run again after their lease). A second signal
+    exits at once (code 128 + signal number).
+    """
+    import logging
+
+    from .app import AppError, load_app
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%dT%H:%M:%S")
+    )
+    logger = logging.getLogger("gnl")
+    logger.addHandler(handler)
+    logger.setLevel(log_level.upper())
+    logger.propagate = False
+    try:
+        app = load_app(target)
+        roles = None if only is None else [r.strip() for r in only.split(",")]
+        code = app.run(url=url, only=roles, grace_ms=grace_ms)
+    except AppError as e:
+        _fail(str(e), 1)
+    except (gnl.GnlError, TypeError) as e:
+        _fail_error(e)
+    sys.exit(code)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -90,7 +90,8 @@ class ExecutionRevokedError(GnlError):
     Attributes:
         why: ``"canceled"`` (``cancel_job``), ``"lease-lost"`` (a renewal answered that the lease
             is not this worker's, or no renewal held for ``ttl_ms * 5/6`` since the last good
-            one: before the lease ends) or ``"timeout"`` (``max_hold_ms`` ran out).
+            one: before the lease ends), ``"timeout"`` (``max_hold_ms`` ran out) or ``"shutdown"``
+            (the process is stopping and its grace ran out: :meth:`gnl.App.serve`).
     """
 
     def __init__(self, why: str = "canceled", message: str | None = None) -> None:

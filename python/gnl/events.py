@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -31,6 +32,7 @@ log = logging.getLogger("gnl")
 
 __all__ = [
     "Consumer",
+    "ConsumerInfo",
     "ConsumerLag",
     "DeadEvent",
     "EventMeta",
@@ -39,6 +41,7 @@ __all__ = [
     "create_consumer",
     "emit",
     "emit_many",
+    "list_consumers",
     "list_dead_events",
     "retry_dead_event",
 ]
@@ -48,6 +51,7 @@ FETCH_BATCH = 100
 _DEFAULT_DELAY_MS = 60_000
 _MAX_DEFAULT_DELAY_MS = 3_600_000
 _EVENT_KEYS = ("payload", "id", "org_id", "deliver_at", "delay_ms")
+_ALL = 2**63 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,10 +105,14 @@ class DeadEvent:
         id: The event id.
         topic: Its topic.
         consumer: The consumer name it was quarantined for.
-        attempts: The failed attempts it used.
+        attempts: The deliveries counted for it (counted at delivery). An event whose
+            handler never returned (its process died or lost the lease) in ``max_attempts``
+            deliveries is quarantined at the next one without a handler call, so this is
+            ``max_attempts + 1`` then.
         error: The last attempt's error.
         at: When it was quarantined (epoch ms UTC).
         payload: The event's payload.
+        seq: Its position in the topic's log (``after_seq`` of :func:`list_dead_events`).
     """
 
     id: str
@@ -114,6 +122,24 @@ class DeadEvent:
     error: str
     at: int
     payload: JSON
+    seq: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerInfo:
+    """A consumer in a listing (:func:`list_consumers`).
+
+    Attributes:
+        topic: Its topic.
+        consumer: Its name.
+        heartbeat_at: The last write of its lease holder (epoch ms UTC), or None.
+        dead: Its quarantine records (:func:`list_dead_events`).
+    """
+
+    topic: str
+    consumer: str
+    heartbeat_at: int | None
+    dead: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,15 +274,63 @@ def _payload(text: str) -> JSON:
     return json.loads(text)
 
 
-async def list_dead_events(work: WorkStore | Storage, topic: str, consumer: str) -> list[DeadEvent]:
+async def list_dead_events(
+    work: WorkStore | Storage,
+    topic: str,
+    consumer: str,
+    *,
+    after_seq: int = 0,
+    limit: int | None = None,
+) -> list[DeadEvent]:
     """The quarantined events of ``consumer`` on ``topic``, in log order.
 
+    Args:
+        work: A :class:`~gnl.Storage` or its work store.
+        topic: The topic.
+        consumer: The consumer name.
+        after_seq: The next page: only records past this log position (the last record's
+            :attr:`DeadEvent.seq` of the previous page).
+        limit: At most this many (at least 1); None: all of them.
+
     Raises:
-        InvalidArgumentError: a bad topic or consumer name.
+        InvalidArgumentError: a bad topic or consumer name, a negative ``after_seq`` or a
+            ``limit`` below 1.
         StoreUnavailableError: the store cannot be reached.
     """
-    rows = await _native.event_dead(native_of(work), topic, consumer)
-    return [DeadEvent(r[0], topic, consumer, r[3], r[4], r[5], _payload(r[6])) for r in rows]
+    check_int(after_seq, "after_seq", 0)
+    if limit is not None:
+        check_int(limit, "limit", 1)
+    n = _ALL if limit is None else limit
+    rows = await _native.event_dead(native_of(work), topic, consumer, after_seq, n)
+    return [DeadEvent(r[0], topic, consumer, r[3], r[4], r[5], _payload(r[6]), r[1]) for r in rows]
+
+
+async def list_consumers(
+    work: WorkStore | Storage,
+    *,
+    after: tuple[str, str] | None = None,
+    limit: int = 100,
+) -> list[ConsumerInfo]:
+    """The consumers that ever ran, in ``(topic, consumer)`` order, each with its count of
+    quarantined events (Studio's dead-events page; :func:`list_dead_events` lists them).
+
+    Args:
+        work: A :class:`~gnl.Storage` or its work store.
+        after: The next page: only consumers after this ``(topic, consumer)`` pair.
+        limit: At most this many (1 to 10,000).
+
+    Raises:
+        InvalidArgumentError: ``limit`` out of range.
+        TypeError: ``after`` is not a pair of str.
+        StoreUnavailableError: the store cannot be reached.
+    """
+    check_int(limit, "limit", 1, 10_000)
+    if after is not None and not (
+        isinstance(after, tuple) and len(after) == 2 and all(isinstance(x, str) for x in after)
+    ):
+        raise TypeError("after must be a (topic, consumer) pair of str")
+    rows = await _native.event_consumers(native_of(work), after, limit)
+    return [ConsumerInfo(*r) for r in rows]
 
 
 async def retry_dead_event(work: WorkStore | Storage, topic: str, consumer: str, id: str) -> bool:
@@ -320,6 +394,8 @@ class Consumer:
         self._key = _native.event_lease_key(topic, name)
         self._owner = f"{os.getpid()}:{secrets.token_hex(6)}"
         self._task: asyncio.Task[DrainResult] | None = None
+        self._runner: asyncio.Task[Any] | None = None
+        self._ended: asyncio.Event | None = None
         self._stop = False
         self._wake: asyncio.Event | None = None
         self._signal: RevocationSignal | None = None
@@ -333,21 +409,33 @@ class Consumer:
         self._task = asyncio.get_running_loop().create_task(self._run(drain=False))
 
     async def stop(self) -> None:
-        """Stop fetching, wait for the running handler and its ack, release the lease."""
+        """Stop consuming: no new fetch; the batch in hand finishes (its handlers run, its
+        acks are written), then the lease is released.
+
+        Called from outside the consumer (another task), it returns once that is done, for
+        :meth:`start` as for a running :meth:`drain` (which then returns what it ran). Called
+        from a handler, it returns at once and the loop ends after the current batch.
+        """
         self._stop = True
         if self._wake is not None:
             self._wake.set()
-        if self._task is not None:
+        if self._runner is not None and self._runner is not asyncio.current_task():
+            ended = self._ended
+            if ended is not None:
+                await ended.wait()
+        if self._task is not None and self._task is not asyncio.current_task():
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
 
     async def drain(self) -> DrainResult:
-        """Deliver until no event is due for this consumer, then return what ran.
+        """Deliver until no event is due for this consumer (or :meth:`stop` is called), then
+        return what ran.
 
         Raises:
             StoreUnavailableError: the store cannot be reached.
         """
+        self._stop = False
         return await self._run(drain=True)
 
     async def lag(self) -> ConsumerLag | None:
@@ -382,10 +470,19 @@ class Consumer:
             self._signal.abort(why, f"consumer {self.name!r} of {self.topic!r} lost its lease")
 
     async def _run(self, drain: bool) -> DrainResult:
+        self._runner, self._ended = asyncio.current_task(), asyncio.Event()
+        try:
+            return await self._loop(drain)
+        finally:
+            self._ended.set()
+            self._runner = None
+
+    async def _loop(self, drain: bool) -> DrainResult:
         done = [0, 0, 0]
         interval = self.poll_ms
         while not self._stop:
             try:
+                sent = time.monotonic()
                 token = await _native.lock_acquire(
                     self._native, self._key, self._owner, self.lease_ms
                 )
@@ -417,6 +514,7 @@ class Consumer:
                 token,
                 self._lose,
                 asyncio.get_running_loop(),
+                int((time.monotonic() - sent) * 1000) + 1,  # the lease's age: acquired before
             )
             try:
                 while not self._stop and not self._lost:
@@ -475,6 +573,17 @@ class Consumer:
         self, row: tuple[int, str, str, str, int, int], done: list[int]
     ) -> tuple[int, str | None, int | None]:
         seq, id, org, payload, emitted_at, attempt = row
+        if attempt > self.max_attempts:
+            # Its max_attempts deliveries were counted and none settled: the handler killed its
+            # process (or a holder lost the lease) every time. Quarantined without a handler call.
+            done[0] += 1
+            done[2] += 1
+            return (
+                seq,
+                f"attempt {attempt - 1} never returned: its process ended or lost the lease "
+                "before the handler finished",
+                None,
+            )
         signal = RevocationSignal()
         self._signal = signal
         meta = EventMeta(id, self.topic, self.name, org or None, emitted_at, attempt, signal)

@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -376,6 +377,9 @@ class _Poller:
         # must not queue 10,000 calls on a pool of ten connections (they would time out
         # waiting for one); runners are not capped by it.
         self.io = asyncio.Semaphore(_IO)
+        # The state writes and lock releases of fires that have run: a cap of their own, so a
+        # fire that ran is not kept holding its lock behind a poll's new fires.
+        self.io_end = asyncio.Semaphore(_IO)
         self.inflight: dict[str, asyncio.Task[None]] = {}
 
     async def due(self, now_ms: int | None) -> tuple[int, list[_native.RawTrigger]]:
@@ -466,38 +470,58 @@ class _Poller:
             slot = plan.fire
         run_id = f"sched:{r.id}:{r.fire_count}"
         key = f"{run_id}:fire"
+        signal = RevocationSignal()
+        loop = asyncio.get_running_loop()
+        done = asyncio.Event()
+
+        def lost(why: str) -> None:
+            signal.abort(why, f"fire {run_id!r} lost its fire lock")
+            loop.call_later(self.lock_ttl_ms / 1000, warn_still_running)
+
+        def warn_still_running() -> None:
+            if not done.is_set():
+                log.warning(
+                    "gnl scheduler: fire %r is still running %d ms after it lost its fire "
+                    "lock; another poller may fire it too",
+                    run_id,
+                    self.lock_ttl_ms,
+                )
+
+        # The lock and the re-read in one turn of the store calls' cap: a lock is not held
+        # while its fire waits behind a poll's other fires. It is renewed from the moment it is
+        # acquired (the keeper's clock starts when the acquisition was sent).
         async with self.io:
+            sent = time.monotonic()
             token = await _native.lock_acquire(native, key, _owner(), self.lock_ttl_ms)
-        if token is None:
-            result.skipped += 1
-            return
-        keeper: _native.RunKeeper | None = None
-        try:
-            async with self.io:
+            if token is None:
+                result.skipped += 1
+                return
+            keeper = _native.RunKeeper(
+                native,
+                run_id,
+                self.lock_ttl_ms,
+                False,
+                key,
+                token,
+                lost,
+                loop,
+                int((time.monotonic() - sent) * 1000) + 1,
+            )
+            try:
                 cur = await _native.trigger_get(native, r.id)
+            except BaseException:
+                await keeper.stop()
+                raise
+        try:
             if cur is None or cur.version != r.version:
                 result.skipped += 1  # another poller fired it meanwhile
                 return
-            signal = RevocationSignal()
-            loop = asyncio.get_running_loop()
-            done = asyncio.Event()
+            if not keeper.held():
+                # The lock lapsed before the fire (the store or this process too slow):
+                # another poller may own the slot now. The trigger stays due.
+                result.skipped += 1
+                return
 
-            def lost(why: str) -> None:
-                signal.abort(why, f"fire {run_id!r} lost its fire lock")
-                loop.call_later(self.lock_ttl_ms / 1000, warn_still_running)
-
-            def warn_still_running() -> None:
-                if not done.is_set():
-                    log.warning(
-                        "gnl scheduler: fire %r is still running %d ms after it lost its fire "
-                        "lock; another poller may fire it too",
-                        run_id,
-                        self.lock_ttl_ms,
-                    )
-
-            keeper = _native.RunKeeper(
-                native, run_id, self.lock_ttl_ms, False, key, token, lost, loop
-            )
             input = None if r.input is None else json.loads(r.input)
             base = {"missed": r.missed + dropped, "owed_slot": owed}
             try:
@@ -538,7 +562,7 @@ class _Poller:
             finally:
                 done.set()
             try:
-                async with self.io:
+                async with self.io_end:
                     written = await _native.trigger_update(
                         native, r.id, r.version, st, (key, token)
                     )
@@ -557,12 +581,8 @@ class _Poller:
                     run_id,
                 )
         finally:
-            async with self.io:
-                if keeper is not None:
-                    await keeper.stop()
-                else:
-                    with contextlib.suppress(Exception):
-                        await _native.lock_release(native, key, token)
+            async with self.io_end:
+                await keeper.stop()
 
     def _failed(
         self, r: _native.RawTrigger, now: int, slot: int, base: dict[str, Any], e: BaseException

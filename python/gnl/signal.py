@@ -9,15 +9,16 @@ from .errors import ExecutionRevokedError
 
 __all__ = ["RevocationSignal"]
 
-_WHYS = ("canceled", "lease-lost", "timeout")
+_WHYS = ("canceled", "lease-lost", "timeout", "shutdown")
 
 
 class RevocationSignal:
     """Aborted once, with an :class:`ExecutionRevokedError` whose ``why`` says why.
 
-    ``why`` is ``"canceled"`` (``cancel_job``), ``"lease-lost"`` or ``"timeout"``
-    (``max_hold_ms``). Users may create one and :meth:`abort` it themselves, e.g. to pass it
-    to ``run_workflow``. Not thread-safe: use it on its event loop (gnl's native threads reach
+    ``why`` is ``"canceled"`` (``cancel_job``), ``"lease-lost"``, ``"timeout"``
+    (``max_hold_ms``) or ``"shutdown"`` (``gnl run``'s grace ran out: :class:`gnl.App`).
+    Users may create one and :meth:`abort` it themselves, e.g. to pass it to
+    ``run_workflow``. Not thread-safe: use it on its event loop (gnl's native threads reach
     it through ``call_soon_threadsafe``).
     """
 
@@ -43,7 +44,7 @@ class RevocationSignal:
 
         Raises:
             InvalidArgumentError: ``why`` is not one of ``canceled``, ``lease-lost``,
-                ``timeout``.
+                ``timeout``, ``shutdown``.
         """
         if why not in _WHYS:
             from .errors import InvalidArgumentError

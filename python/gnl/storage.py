@@ -7,7 +7,25 @@ from types import TracebackType
 from . import _native
 from ._time import check_int
 
-__all__ = ["Journal", "Storage", "WorkStore", "connect", "upgrade"]
+__all__ = ["Journal", "Storage", "WorkStore", "connect", "redact_url", "upgrade"]
+
+
+def redact_url(url: str) -> str:
+    """``url`` as it may be shown to people (logs, dashboards): its password replaced by ``***``.
+
+    Args:
+        url: A store URL (``sqlite:...``, ``postgres://...``, ``mysql://...``).
+
+    Returns:
+        The URL with the password of its ``user:password@`` part and any ``password=`` query
+        parameter shown as ``***``; a URL without a password is returned unchanged.
+
+    Raises:
+        TypeError: ``url`` is not a str.
+    """
+    if not isinstance(url, str):
+        raise TypeError(f"url must be a str, not {type(url).__name__}")
+    return _native.redact_url(url)
 
 
 class WorkStore:
@@ -65,6 +83,11 @@ class Storage:
         return self._native.backend
 
     @property
+    def redacted_url(self) -> str:
+        """:attr:`url` with its password replaced by ``***`` (see :func:`redact_url`)."""
+        return redact_url(self.url)
+
+    @property
     def query_count(self) -> int:
         """The number of SQL statements this storage has sent."""
         return self._native.query_count
@@ -98,7 +121,7 @@ class Storage:
         await self.close()
 
     def __repr__(self) -> str:
-        return f"<gnl.Storage {self.backend} {_native.redact_url(self.url)!r}>"
+        return f"<gnl.Storage {self.backend} {self.redacted_url!r}>"
 
 
 def native_of(store: Storage | WorkStore | Journal, what: str = "work") -> _native.NativeStore:

@@ -336,10 +336,15 @@ class Worker:
         is renewed meanwhile).
 
         Raises:
-            StoreUnavailableError: some outcomes could not be written before their leases ran
-                out (the message says how many): those jobs are reclaimed and run again. The
-                worker is stopped all the same.
+            StoreUnavailableError: some outcomes this call waited for could not be written
+                before their leases ran out (the message says how many): those jobs are
+                reclaimed and run again. The worker is stopped all the same. Outcomes given up
+                earlier, while the worker ran (each logged as a warning then, its job
+                reclaimed), are not reported again here: a worker that lived through an
+                outage stops cleanly once the store is back (docs/DECISIONS.md).
         """
+        if self._native is not None and not self._stopping:
+            self._native.forget_given_up()
         self._stopping = True
         self._wake.set()
         self._slot.set()
@@ -472,9 +477,10 @@ class Worker:
                 if drain:
                     raise
                 log.error(
-                    "gnl worker %s: claim failed, retrying in %d ms: %s", self.name, interval, e
+                    "gnl worker %s: claim failed, retrying in %d ms: %s", self.name, backoff, e
                 )
-                await self._sleep(interval)
+                await self._sleep(backoff)
+                backoff = min(backoff * 2, max(self.max_poll_ms, 5_000))
                 continue
             finally:
                 self._claiming = False

@@ -126,9 +126,10 @@ const SQLITE_TRANSIENT: &[u16] = &[5, 6, 10, 13, 14];
 /// full, out of memory, too many connections) that mean "try again later": serialization
 /// failure, deadlock, read-only transaction (a demoted primary), lock not available
 /// (`lock_timeout`), query canceled (`statement_timeout`), admin / crash shutdown, cannot
-/// connect now.
+/// connect now, and "object not in prerequisite state" (55000: a database that is not
+/// accepting connections, `ALLOW_CONNECTIONS false` during maintenance).
 const PG_TRANSIENT: &[&str] = &[
-    "40001", "40P01", "25006", "55P03", "57014", "57P01", "57P02", "57P03",
+    "40001", "40P01", "25006", "55000", "55P03", "57014", "57P01", "57P02", "57P03",
 ];
 /// MySQL / MariaDB error numbers that mean "try again later": too many connections, shutdown
 /// in progress, lock wait timeout, deadlock, read-only (`--read-only`, 1290; 1836 read-only

@@ -193,9 +193,17 @@ impl WorkerCore {
 
     /// Write every queued outcome now (retrying until each is written or its lease runs out),
     /// and wait for the writes in flight. Returns how many outcomes this call wrote itself;
-    /// fails (`StoreUnavailable`) naming how many outcomes were given up since the last call.
+    /// fails (`StoreUnavailable`) naming how many outcomes were given up since the last call
+    /// (or `forget_given_up`).
     pub async fn flush(&self) -> Result<usize> {
         flush(self.shared.clone()).await
+    }
+
+    /// Forget the outcomes given up so far (each was logged when it was given up, and its
+    /// job is reclaimed): the next `flush()` reports only those given up after this call.
+    /// `stop()` calls it first, so it raises only for outcomes it could not write itself.
+    pub fn forget_given_up(&self) {
+        *self.shared.given_up.lock().unwrap() = (0, None);
     }
 
     pub fn shared_flush(

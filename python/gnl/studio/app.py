@@ -2,8 +2,8 @@
 gnl's public API (no SQL here), behind :class:`gnl.studio.security.Guard`.
 
 Pages: overview (counts by state per organization, throughput chart, dead jobs), jobs
-(filtered, cursor-paginated listing; detail; retry and cancel, one or in bulk), audit. The
-pages of subsystems that come later (runs, triggers, dead events) join :data:`PAGES`.
+(filtered, cursor-paginated listing; detail; retry and cancel, one or in bulk), audit; runs,
+triggers and dead events are in :mod:`gnl.studio.pages`. :data:`PAGES` is the navigation.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from starlette.types import ASGIApp
 
 import gnl
 
-from .. import _native
+from . import pages
 from .audit import AuditLog, AuditRecord, now_ms
 from .security import TOKEN_COOKIE, Guard, Principal, Tokens, form_values
 
@@ -60,9 +60,9 @@ class NavPage:
 PAGES: list[NavPage] = [
     NavPage("/", "Overview"),
     NavPage("/jobs", "Jobs"),
-    NavPage("/runs", "Runs", lambda: hasattr(gnl, "list_runs")),
-    NavPage("/triggers", "Triggers", lambda: hasattr(gnl, "list_triggers")),
-    NavPage("/dead-events", "Dead events", lambda: hasattr(gnl, "list_dead_events")),
+    NavPage("/runs", "Runs"),
+    NavPage("/triggers", "Triggers"),
+    NavPage("/dead-events", "Dead events"),
     NavPage("/audit", "Audit"),
 ]
 
@@ -192,6 +192,8 @@ class Studio:
         self.audit = AuditLog(config.audit_path)
         self.storage: gnl.Storage | None = None
         self.schema: int | None = None
+        #: The most records one action may touch.
+        self.max_bulk = MAX_BULK
 
     @property
     def store(self) -> gnl.Storage:
@@ -207,7 +209,7 @@ class Studio:
             nav=[p for p in PAGES if p.available()],
             path=request.url.path,
             backend=self.store.backend if self.storage else "",
-            store_url=_native.redact_url(self.config.url),
+            store_url=gnl.redact_url(self.config.url),
             schema=self.schema,
             show_payloads=self.show_payloads(principal),
             **ctx,
@@ -226,7 +228,7 @@ class Studio:
                 who=principal.name,
                 role=principal.role,
                 action=action,
-                store=_native.redact_url(self.config.url),
+                store=gnl.redact_url(self.config.url),
                 count=len(records),
                 records=records,
                 result=result,
@@ -268,7 +270,10 @@ class Studio:
             for st, n in jc.states.items():
                 totals[st] = totals.get(st, 0) + n
         last = orgs[-1] if orgs else None
+        consumers = await gnl.list_consumers(self.store.work, limit=pages.PER_PAGE + 1)
         return {
+            "dead_events": sum(x.dead for x in consumers[: pages.PER_PAGE]),
+            "dead_events_more": len(consumers) > pages.PER_PAGE,
             "counts": counts,
             "totals": totals,
             "estimate": any(not jc.complete for jc in counts) or more or after is not None,
@@ -428,6 +433,7 @@ def create_app(config: StudioConfig) -> ASGIApp:
         route("/job", studio.job, ["GET"]),
         route("/jobs/preview", studio.preview, ["POST"]),
         route("/jobs/act", studio.act, ["POST"]),
+        *pages.routes(studio),
         route("/audit", studio.audit_page, ["GET"]),
         route("/login", studio.login, ["GET", "POST"]),
         route("/logout", studio.logout, ["POST"]),

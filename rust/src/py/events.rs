@@ -4,7 +4,7 @@
 
 use pyo3::prelude::*;
 
-use super::errors::to_py;
+use super::errors::{to_py, InvalidArgumentError};
 use super::{jobs, spawn, NativeStore};
 use crate::store::events::{check_name, EventOutcome};
 
@@ -134,18 +134,26 @@ fn event_lag<'py>(
     })
 }
 
-/// The consumer's quarantine records in log order.
+/// The consumer's quarantine records in log order, past `after_seq`, at most `limit`.
 #[pyfunction]
+#[pyo3(signature = (store, topic, name, after_seq=0, limit=i64::MAX))]
 fn event_dead<'py>(
     py: Python<'py>,
     store: &NativeStore,
     topic: String,
     name: String,
+    after_seq: i64,
+    limit: i64,
 ) -> PyResult<Bound<'py, PyAny>> {
     names(&topic, Some(&name))?;
+    if limit < 1 {
+        return Err(InvalidArgumentError::new_err(format!(
+            "limit must be at least 1, got {limit}"
+        )));
+    }
     let s = store.inner.clone();
     spawn(py, async move {
-        Ok(s.dead_events(&topic, &name)
+        Ok(s.dead_events(&topic, &name, after_seq, limit)
             .await?
             .into_iter()
             .map(|d| {
@@ -161,6 +169,32 @@ fn event_dead<'py>(
                 )
             })
             .collect::<Vec<PyDead>>())
+    })
+}
+
+/// The consumers that ever ran, `(topic, name, heartbeat_at, dead)` in `(topic, name)` order,
+/// after `after`, at most `limit` (1 to 10,000).
+#[pyfunction]
+#[pyo3(signature = (store, after, limit))]
+fn event_consumers<'py>(
+    py: Python<'py>,
+    store: &NativeStore,
+    after: Option<(String, String)>,
+    limit: i64,
+) -> PyResult<Bound<'py, PyAny>> {
+    if !(1..=10_000).contains(&limit) {
+        return Err(InvalidArgumentError::new_err(format!(
+            "limit must be between 1 and 10000, got {limit}"
+        )));
+    }
+    let s = store.inner.clone();
+    spawn(py, async move {
+        let after = after.as_ref().map(|(t, n)| (t.as_str(), n.as_str()));
+        Ok(s.consumers(after, limit)
+            .await?
+            .into_iter()
+            .map(|c| (c.topic, c.name, c.heartbeat_at, c.dead))
+            .collect::<Vec<_>>())
     })
 }
 
@@ -195,5 +229,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(event_lag, m)?)?;
     m.add_function(wrap_pyfunction!(event_dead, m)?)?;
     m.add_function(wrap_pyfunction!(event_dead_retry, m)?)?;
+    m.add_function(wrap_pyfunction!(event_consumers, m)?)?;
     Ok(())
 }

@@ -304,34 +304,43 @@ fn run_get<'py>(
     })
 }
 
-/// Runs, newest first.
-#[pyfunction]
-#[pyo3(signature = (store, state, workflow, limit))]
-fn list_runs<'py>(
-    py: Python<'py>,
-    store: &NativeStore,
-    state: Option<String>,
-    workflow: Option<String>,
-    limit: i64,
-) -> PyResult<Bound<'py, PyAny>> {
+/// A run listing's limit (1 to 10,000) and state filter.
+fn check_run_query(state: Option<&str>, limit: i64) -> PyResult<()> {
     if !(1..=10_000).contains(&limit) {
         return Err(InvalidArgumentError::new_err(format!(
             "limit must be between 1 and 10000, got {limit}"
         )));
     }
-    if let Some(st) = &state {
-        if !RUN_STATES.contains(&st.as_str()) {
+    if let Some(st) = state {
+        if !RUN_STATES.contains(&st) {
             return Err(InvalidArgumentError::new_err(format!(
                 "state must be one of {}, got {st:?}",
                 RUN_STATES.join(", ")
             )));
         }
     }
+    Ok(())
+}
+
+/// Runs, newest first.
+#[pyfunction]
+#[pyo3(signature = (store, state, workflow, limit, before=None))]
+fn list_runs<'py>(
+    py: Python<'py>,
+    store: &NativeStore,
+    state: Option<String>,
+    workflow: Option<String>,
+    limit: i64,
+    before: Option<(i64, String)>,
+) -> PyResult<Bound<'py, PyAny>> {
+    check_run_query(state.as_deref(), limit)?;
     let s = store.inner.clone();
     let q = RunQuery {
         state,
         workflow,
         limit,
+        before,
+        scan: None,
     };
     spawn(py, async move {
         Ok(s.list_runs(&q)
@@ -339,6 +348,47 @@ fn list_runs<'py>(
             .into_iter()
             .map(RawRun::from)
             .collect::<Vec<_>>())
+    })
+}
+
+/// Runs, newest first, of at most `scan` examined past `before`: `(runs, next)`, `next` the
+/// cursor of the next page (the last run returned when the page is full, else where the scan
+/// ended) or None at the end of the listing.
+#[pyfunction]
+#[pyo3(signature = (store, state, workflow, limit, scan, before))]
+#[allow(clippy::too_many_arguments)]
+fn scan_runs<'py>(
+    py: Python<'py>,
+    store: &NativeStore,
+    state: Option<String>,
+    workflow: Option<String>,
+    limit: i64,
+    scan: i64,
+    before: Option<(i64, String)>,
+) -> PyResult<Bound<'py, PyAny>> {
+    check_run_query(state.as_deref(), limit)?;
+    if !(limit..=100_000).contains(&scan) {
+        return Err(InvalidArgumentError::new_err(format!(
+            "scan must be between limit ({limit}) and 100000, got {scan}"
+        )));
+    }
+    let s = store.inner.clone();
+    let q = RunQuery {
+        state,
+        workflow,
+        limit,
+        before,
+        scan: Some(scan),
+    };
+    spawn(py, async move {
+        let rows = s.list_runs(&q).await?;
+        let next = if rows.len() as i64 == limit {
+            rows.last().map(|r| (r.created_at, r.run_id.clone()))
+        } else {
+            let before = q.before.as_ref().map(|(at, id)| (*at, id.as_str()));
+            s.runs_edge(before, scan).await?
+        };
+        Ok((rows.into_iter().map(RawRun::from).collect::<Vec<_>>(), next))
     })
 }
 
@@ -392,21 +442,27 @@ fn lock_release<'py>(
 }
 
 /// Renews a running run's lease (`lease_ms`, every third of it) and its run lock, in a tokio
-/// task, so a Python thread that blocks does not stop it. The lock is lost when a renewal
-/// answers that it is not ours, or when no renewal succeeded for `ttl_ms` (a deadline after
-/// the last good one, not a count of failures): `on_lost("lease-lost")` is then scheduled on
-/// the loop. `stop()` ends the task and releases the lock.
+/// task, so a Python thread that blocks does not stop it. The lock counts as held until a
+/// deadline `ttl_ms - ttl_ms/6` after the last good renewal was *sent* (the acquisition's,
+/// `age_ms` before the keeper was made, for the first): the server's expiry is at least
+/// `ttl_ms` after that instant, so the keeper gives the lock up before another holder can
+/// take it (the queue's lease-loss rule, docs/DECISIONS.md). It is lost when a renewal answers
+/// that it is not ours, or at that deadline: `on_lost("lease-lost")` is then scheduled on the
+/// loop. `held()` answers from the same deadline, without a store call, so a caller checks it
+/// right before a side effect. `stop()` ends the task and releases the lock.
 #[pyclass(module = "gnl._native")]
 pub struct RunKeeper {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<Option<(String, i64)>>>,
     store: Arc<dyn Store>,
+    /// Until when the lock counts as held; `None`: lost (or there is no lock).
+    held_until: Arc<std::sync::Mutex<Option<Instant>>>,
 }
 
 #[pymethods]
 impl RunKeeper {
     #[new]
-    #[pyo3(signature = (store, run_id, ttl_ms, lease, lock_key, lock_token, on_lost, event_loop))]
+    #[pyo3(signature = (store, run_id, ttl_ms, lease, lock_key, lock_token, on_lost, event_loop, age_ms=0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         store: &NativeStore,
@@ -417,12 +473,25 @@ impl RunKeeper {
         lock_token: i64,
         on_lost: Py<PyAny>,
         event_loop: Py<PyAny>,
+        age_ms: i64,
     ) -> PyResult<Self> {
         crate::validate::duration_ms("ttl_ms", ttl_ms, 3).map_err(to_py)?;
+        if age_ms < 0 {
+            return Err(InvalidArgumentError::new_err(format!(
+                "age_ms must be >= 0, got {age_ms}"
+            )));
+        }
         let s = store.inner.clone();
         let (tx, mut rx) = tokio::sync::oneshot::channel::<()>();
         let every = Duration::from_millis((ttl_ms / 3).max(1) as u64);
-        let ttl = Duration::from_millis(ttl_ms as u64);
+        // The queue's rule: a lease is given up ttl/6 before it ends.
+        let keep = Duration::from_millis((ttl_ms - ttl_ms / 6) as u64);
+        let sent = Instant::now()
+            .checked_sub(Duration::from_millis(age_ms as u64))
+            .unwrap_or_else(Instant::now);
+        let held_until = Arc::new(std::sync::Mutex::new(
+            lock_key.as_ref().map(|_| sent + keep),
+        ));
         let lost = move || {
             with_python(|py| {
                 let _ = event_loop.call_method1(
@@ -432,34 +501,61 @@ impl RunKeeper {
                 );
             });
         };
+        let until = held_until.clone();
         let rt = pyo3_async_runtimes::tokio::get_runtime();
         let task = rt.spawn(async move {
             let mut lock = lock_key.map(|k| (k, lock_token));
-            let mut last_good = Instant::now();
+            let mut deadline = sent + keep;
+            let give_up = |lock: &mut Option<(String, i64)>| {
+                *lock = None;
+                *until.lock().unwrap() = None;
+                lost();
+            };
+            if lock.is_some() && Instant::now() >= deadline {
+                give_up(&mut lock);
+            }
             loop {
+                let held = lock.is_some();
                 tokio::select! {
                     _ = &mut rx => return lock,
                     _ = tokio::time::sleep(every) => {}
-                }
-                let mut ok = true;
-                if lease && s.run_renew(&run_id, ttl_ms).await.is_err() {
-                    ok = false;
-                }
-                if let Some((k, t)) = &lock {
-                    match s.lock_renew(k, *t, ttl_ms).await {
-                        Ok(true) => {}
-                        Ok(false) => {
-                            lock = None;
-                            lost();
-                        }
-                        Err(_) => ok = false,
+                    _ = tokio::time::sleep_until(deadline.into()), if held => {
+                        give_up(&mut lock);
+                        continue;
                     }
                 }
-                if ok {
-                    last_good = Instant::now();
-                } else if last_good.elapsed() >= ttl && lock.is_some() {
-                    lock = None;
-                    lost();
+                let at = Instant::now();
+                // (renewed without error, the lock refused as not ours)
+                let renew = async {
+                    let mut ok = !(lease && s.run_renew(&run_id, ttl_ms).await.is_err());
+                    let mut refused = false;
+                    if let Some((k, t)) = &lock {
+                        match s.lock_renew(k, *t, ttl_ms).await {
+                            Ok(true) => {}
+                            Ok(false) => refused = true,
+                            Err(_) => ok = false,
+                        }
+                    }
+                    (ok, refused)
+                };
+                // A renewal still unanswered at the deadline is a loss, then and there.
+                let answer = if held {
+                    tokio::time::timeout_at(deadline.into(), renew).await.ok()
+                } else {
+                    Some(renew.await)
+                };
+                let ok = match answer {
+                    None | Some((_, true)) => {
+                        give_up(&mut lock);
+                        continue;
+                    }
+                    Some((ok, false)) => ok,
+                };
+                if ok && lock.is_some() {
+                    deadline = at + keep;
+                    *until.lock().unwrap() = Some(deadline);
+                } else if lock.is_some() && Instant::now() >= deadline {
+                    give_up(&mut lock);
                 }
             }
         });
@@ -467,7 +563,17 @@ impl RunKeeper {
             stop: Some(tx),
             task: Some(task),
             store: store.inner.clone(),
+            held_until,
         })
+    }
+
+    /// Whether the lock still counts as held (its deadline is ahead and no renewal was
+    /// refused). No store call. False when the keeper has no lock.
+    fn held(&self) -> bool {
+        self.held_until
+            .lock()
+            .unwrap()
+            .is_some_and(|t| Instant::now() < t)
     }
 
     /// Stop renewing and release the run lock (if still held; a failed release is left to
@@ -506,6 +612,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run_fail, m)?)?;
     m.add_function(wrap_pyfunction!(run_get, m)?)?;
     m.add_function(wrap_pyfunction!(list_runs, m)?)?;
+    m.add_function(wrap_pyfunction!(scan_runs, m)?)?;
     m.add_function(wrap_pyfunction!(runs_due, m)?)?;
     m.add_function(wrap_pyfunction!(lock_acquire, m)?)?;
     m.add_function(wrap_pyfunction!(lock_release, m)?)?;

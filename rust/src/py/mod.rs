@@ -693,6 +693,12 @@ impl NativeWorker {
         spawn(py, async move { store.has_due(&types).await })
     }
 
+    /// Forget the outcomes given up so far (logged then); `flush` reports later ones only.
+    fn forget_given_up(&self) -> PyResult<()> {
+        self.core()?.forget_given_up();
+        Ok(())
+    }
+
     fn flush<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let fut = self.core()?.shared_flush();
         spawn(py, fut)

@@ -114,6 +114,17 @@ pub struct ConsumerLag {
     pub dead: i64,
 }
 
+/// A consumer in a listing (`consumers`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerRow {
+    pub topic: String,
+    pub name: String,
+    /// The last write of its lease holder.
+    pub heartbeat_at: Option<i64>,
+    /// Its quarantine records (handed-back ones included until redelivered).
+    pub dead: i64,
+}
+
 /// A quarantine record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadEventRow {
@@ -187,8 +198,18 @@ pub trait EventStore: Send + Sync {
     /// Consumer `(topic, name)`'s position; `None` when it never ran.
     async fn consumer_lag(&self, topic: &str, name: &str) -> Result<Option<ConsumerLag>>;
 
-    /// The consumer's quarantine records in log order.
-    async fn dead_events(&self, topic: &str, name: &str) -> Result<Vec<DeadEventRow>>;
+    /// The consumer's quarantine records in log order: those past `after_seq`, at most `limit`.
+    async fn dead_events(
+        &self,
+        topic: &str,
+        name: &str,
+        after_seq: i64,
+        limit: i64,
+    ) -> Result<Vec<DeadEventRow>>;
+
+    /// The consumers that ever ran, in `(topic, name)` order: those after `after`, at most
+    /// `limit`, each with its heartbeat and its count of quarantine records.
+    async fn consumers(&self, after: Option<(&str, &str)>, limit: i64) -> Result<Vec<ConsumerRow>>;
 
     /// Hand quarantined event `id` back for one more series of attempts. True when it is (or
     /// already was) handed back; false when there is no such record.

@@ -105,6 +105,13 @@ pub struct RunQuery {
     pub state: Option<String>,
     pub workflow: Option<String>,
     pub limit: i64,
+    /// Only runs listed after this one, `(created_at, run_id)` of the last run of the previous
+    /// page (the listing is newest first, so: created before it, or at the same instant with
+    /// a lower key).
+    pub before: Option<(i64, String)>,
+    /// Examine at most this many runs past `before` (in listing order) and return those of
+    /// them that match: a bounded read whatever the filter (`runs_edge` says where it ended).
+    pub scan: Option<i64>,
 }
 
 /// The same workflow name must run under one run id: a run started as `recorded` cannot be
@@ -209,6 +216,14 @@ pub trait JournalStore: Send + Sync {
 
     /// Runs, newest first.
     async fn list_runs(&self, q: &RunQuery) -> Result<Vec<RunRow>>;
+
+    /// The `(created_at, run_id)` of the `scan`-th run past `before` in listing order (where a
+    /// scan of `scan` runs ends), or `None` when fewer are left.
+    async fn runs_edge(
+        &self,
+        before: Option<(i64, &str)>,
+        scan: i64,
+    ) -> Result<Option<(i64, String)>>;
 
     /// Claim up to `limit` runs of `workflows` that the waker should resume — suspended runs
     /// whose `wake_at` passed and running runs whose lease expired — oldest due first: each

@@ -438,15 +438,23 @@ impl EventStore for MysqlStore {
         }))
     }
 
-    async fn dead_events(&self, topic: &str, name: &str) -> Result<Vec<DeadEventRow>> {
+    async fn dead_events(
+        &self,
+        topic: &str,
+        name: &str,
+        after_seq: i64,
+        limit: i64,
+    ) -> Result<Vec<DeadEventRow>> {
         self.counted(1);
         let rows = sqlx::query(
             "SELECT e.id, d.seq, e.org, d.attempts, d.error, d.at, e.payload, d.handed_back \
              FROM gnl_dead_events d JOIN gnl_events e ON e.topic = d.topic AND e.seq = d.seq \
-             WHERE d.topic = ? AND d.name = ? ORDER BY d.seq",
+             WHERE d.topic = ? AND d.name = ? AND d.seq > ? ORDER BY d.seq LIMIT ?",
         )
         .bind(topic.as_bytes())
         .bind(name.as_bytes())
+        .bind(after_seq)
+        .bind(limit)
         .fetch_all(&self.pool)
         .await?;
         Ok(rows
@@ -460,6 +468,33 @@ impl EventStore for MysqlStore {
                 at: r.get(5),
                 payload: text(r, 6),
                 handed_back: r.get::<i8, _>(7) != 0,
+            })
+            .collect())
+    }
+
+    async fn consumers(&self, after: Option<(&str, &str)>, limit: i64) -> Result<Vec<ConsumerRow>> {
+        self.counted(1);
+        let (t, n) = (after.map(|a| a.0.as_bytes()), after.map(|a| a.1.as_bytes()));
+        let rows = sqlx::query(
+            "SELECT c.topic, c.name, c.heartbeat_at, \
+               (SELECT count(*) FROM gnl_dead_events d WHERE d.topic = c.topic AND d.name = c.name) \
+             FROM gnl_consumers c WHERE ? IS NULL OR c.topic > ? OR (c.topic = ? AND c.name > ?) \
+             ORDER BY c.topic, c.name LIMIT ?",
+        )
+        .bind(t)
+        .bind(t)
+        .bind(t)
+        .bind(n)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .iter()
+            .map(|r| ConsumerRow {
+                topic: text(r, 0),
+                name: text(r, 1),
+                heartbeat_at: opt_i64(r, 2),
+                dead: r.get(3),
             })
             .collect())
     }

@@ -371,18 +371,59 @@ impl JournalStore for MysqlStore {
 
     async fn list_runs(&self, q: &RunQuery) -> Result<Vec<RunRow>> {
         self.counted(1);
-        let rows = sqlx::query(&format!(
-            "SELECT {RUN_COLS} FROM gnl_runs WHERE (? IS NULL OR state = ?) \
-             AND (? IS NULL OR workflow = ?) ORDER BY created_at DESC, run_key DESC LIMIT ?"
-        ))
-        .bind(q.state.as_deref())
-        .bind(q.state.as_deref())
-        .bind(q.workflow.as_deref().map(str::as_bytes))
-        .bind(q.workflow.as_deref().map(str::as_bytes))
-        .bind(q.limit)
-        .fetch_all(&self.pool)
-        .await?;
+        const AFTER: &str = "(? IS NULL OR created_at < ? OR \
+             (created_at = ? AND run_key < UNHEX(SHA2(?, 256))))";
+        const ORDER: &str = "ORDER BY created_at DESC, run_key DESC";
+        let from = match q.scan {
+            None => "gnl_runs".to_string(),
+            // A derived table with a LIMIT is materialized: only with a scan bound.
+            Some(_) => format!("(SELECT * FROM gnl_runs WHERE {AFTER} {ORDER} LIMIT ?) w"),
+        };
+        let sql = format!(
+            "SELECT {RUN_COLS} FROM {from} WHERE (? IS NULL OR state = ?) \
+             AND (? IS NULL OR workflow = ?) AND {AFTER} {ORDER} LIMIT ?"
+        );
+        let at = q.before.as_ref().map(|b| b.0);
+        let id = q.before.as_ref().map(|b| b.1.as_str());
+        let mut query = sqlx::query(&sql);
+        if let Some(scan) = q.scan {
+            query = query.bind(at).bind(at).bind(at).bind(id).bind(scan);
+        }
+        let rows = query
+            .bind(q.state.as_deref())
+            .bind(q.state.as_deref())
+            .bind(q.workflow.as_deref().map(str::as_bytes))
+            .bind(q.workflow.as_deref().map(str::as_bytes))
+            .bind(at)
+            .bind(at)
+            .bind(at)
+            .bind(id)
+            .bind(q.limit)
+            .fetch_all(&self.pool)
+            .await?;
         Ok(rows.iter().map(run_row).collect())
+    }
+
+    async fn runs_edge(
+        &self,
+        before: Option<(i64, &str)>,
+        scan: i64,
+    ) -> Result<Option<(i64, String)>> {
+        self.counted(1);
+        let at = before.map(|b| b.0);
+        let row = sqlx::query(
+            "SELECT created_at, run_id FROM gnl_runs WHERE (? IS NULL OR created_at < ? OR \
+             (created_at = ? AND run_key < UNHEX(SHA2(?, 256)))) \
+             ORDER BY created_at DESC, run_key DESC LIMIT 1 OFFSET ?",
+        )
+        .bind(at)
+        .bind(at)
+        .bind(at)
+        .bind(before.map(|b| b.1))
+        .bind(scan - 1)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|r| (r.get(0), text(&r, 1))))
     }
 
     async fn runs_due(

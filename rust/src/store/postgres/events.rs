@@ -19,16 +19,20 @@ use crate::store::events::*;
 /// Rows per `INSERT … SELECT FROM unnest(…)` of an emit.
 const EMIT_ROWS: usize = 20_000;
 
+// Each arm is ordered and limited on its own (an index walk that stops after `$5` rows): a
+// limit only on the union made Postgres read and sort the whole backlog on every fetch.
 const CANDIDATES: &str = "SELECT seq, id, org, payload, emitted_at, attempts FROM ( \
-       SELECT e.seq, e.id, e.org, e.payload, e.emitted_at, coalesce(m.attempts, 0) AS attempts \
+       (SELECT e.seq, e.id, e.org, e.payload, e.emitted_at, coalesce(m.attempts, 0) AS attempts \
        FROM gnl_events e LEFT JOIN gnl_event_marks m \
          ON m.topic = e.topic AND m.name = $2 AND m.seq = e.seq \
        WHERE e.topic = $1 AND e.seq > $3 AND e.deliver_at <= $4 \
          AND (m.seq IS NULL OR (m.state = 'wait' AND m.due_at <= $4)) \
+       ORDER BY e.seq LIMIT $5) \
        UNION ALL \
-       SELECT e.seq, e.id, e.org, e.payload, e.emitted_at, m.attempts \
+       (SELECT e.seq, e.id, e.org, e.payload, e.emitted_at, m.attempts \
        FROM gnl_event_marks m JOIN gnl_events e ON e.topic = m.topic AND e.seq = m.seq \
-       WHERE m.topic = $1 AND m.name = $2 AND m.seq <= $3 AND m.state = 'wait' AND m.due_at <= $4) c \
+       WHERE m.topic = $1 AND m.name = $2 AND m.seq <= $3 AND m.state = 'wait' AND m.due_at <= $4 \
+       ORDER BY m.seq LIMIT $5)) c \
      ORDER BY seq LIMIT $5";
 
 impl PostgresStore {
@@ -355,15 +359,23 @@ impl EventStore for PostgresStore {
         }))
     }
 
-    async fn dead_events(&self, topic: &str, name: &str) -> Result<Vec<DeadEventRow>> {
+    async fn dead_events(
+        &self,
+        topic: &str,
+        name: &str,
+        after_seq: i64,
+        limit: i64,
+    ) -> Result<Vec<DeadEventRow>> {
         self.counted(1);
         let rows = sqlx::query(
             "SELECT e.id, d.seq, e.org, d.attempts, d.error, d.at, e.payload, d.handed_back \
              FROM gnl_dead_events d JOIN gnl_events e ON e.topic = d.topic AND e.seq = d.seq \
-             WHERE d.topic = $1 AND d.name = $2 ORDER BY d.seq",
+             WHERE d.topic = $1 AND d.name = $2 AND d.seq > $3 ORDER BY d.seq LIMIT $4",
         )
         .bind(topic)
         .bind(name)
+        .bind(after_seq)
+        .bind(limit)
         .fetch_all(&self.pool)
         .await?;
         Ok(rows
@@ -377,6 +389,30 @@ impl EventStore for PostgresStore {
                 at: r.get(5),
                 payload: r.get(6),
                 handed_back: r.get(7),
+            })
+            .collect())
+    }
+
+    async fn consumers(&self, after: Option<(&str, &str)>, limit: i64) -> Result<Vec<ConsumerRow>> {
+        self.counted(1);
+        let rows = sqlx::query(
+            "SELECT c.topic, c.name, c.heartbeat_at, \
+               (SELECT count(*) FROM gnl_dead_events d WHERE d.topic = c.topic AND d.name = c.name) \
+             FROM gnl_consumers c WHERE $1::text IS NULL OR (c.topic, c.name) > ($1, $2::text) \
+             ORDER BY c.topic, c.name LIMIT $3",
+        )
+        .bind(after.map(|a| a.0))
+        .bind(after.map(|a| a.1))
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .iter()
+            .map(|r| ConsumerRow {
+                topic: r.get(0),
+                name: r.get(1),
+                heartbeat_at: r.get(2),
+                dead: r.get(3),
             })
             .collect())
     }

@@ -311,17 +311,45 @@ impl JournalStore for PostgresStore {
 
     async fn list_runs(&self, q: &RunQuery) -> Result<Vec<RunRow>> {
         self.counted(1);
+        const AFTER: &str = "($4::bigint IS NULL OR (created_at, run_id) < ($4, $5::text))";
+        const ORDER: &str = "ORDER BY created_at DESC, run_id DESC";
+        let from = match q.scan {
+            None => "gnl_runs".to_string(),
+            Some(_) => format!("(SELECT * FROM gnl_runs WHERE {AFTER} {ORDER} LIMIT $6) w"),
+        };
         let rows = sqlx::query(&format!(
-            "SELECT {RUN_COLS} FROM gnl_runs WHERE ($1::text IS NULL OR state = $1) \
-             AND ($2::text IS NULL OR workflow = $2) \
-             ORDER BY created_at DESC, run_id DESC LIMIT $3"
+            "SELECT {RUN_COLS} FROM {from} WHERE ($1::text IS NULL OR state = $1) \
+             AND ($2::text IS NULL OR workflow = $2) AND {AFTER} AND $6::bigint >= 0 \
+             {ORDER} LIMIT $3"
         ))
         .bind(&q.state)
         .bind(&q.workflow)
         .bind(q.limit)
+        .bind(q.before.as_ref().map(|b| b.0))
+        .bind(q.before.as_ref().map(|b| b.1.as_str()))
+        .bind(q.scan.unwrap_or(0))
         .fetch_all(&self.pool)
         .await?;
         Ok(rows.iter().map(run_row).collect())
+    }
+
+    async fn runs_edge(
+        &self,
+        before: Option<(i64, &str)>,
+        scan: i64,
+    ) -> Result<Option<(i64, String)>> {
+        self.counted(1);
+        let row = sqlx::query(
+            "SELECT created_at, run_id FROM gnl_runs \
+             WHERE ($1::bigint IS NULL OR (created_at, run_id) < ($1, $2::text)) \
+             ORDER BY created_at DESC, run_id DESC LIMIT 1 OFFSET $3",
+        )
+        .bind(before.map(|b| b.0))
+        .bind(before.map(|b| b.1))
+        .bind(scan - 1)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|r| (r.get(0), r.get(1))))
     }
 
     async fn runs_due(

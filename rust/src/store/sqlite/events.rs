@@ -15,16 +15,20 @@ use crate::store::events::*;
 
 /// The due candidates of a fetch past the cursor (`?1` topic, `?2` name, `?3` cursor, `?4`
 /// now, `?5` limit) and the handed-back events below it.
+// Each arm is limited and ordered on its own (an index walk that stops after `?5` rows): a
+// limit only on the union made SQLite sort the whole backlog past the cursor on every fetch.
 const CANDIDATES: &str = "SELECT seq, id, org, payload, emitted_at, attempts FROM ( \
-       SELECT e.seq, e.id, e.org, e.payload, e.emitted_at, coalesce(m.attempts, 0) AS attempts \
+       SELECT * FROM (SELECT e.seq, e.id, e.org, e.payload, e.emitted_at, coalesce(m.attempts, 0) AS attempts \
        FROM gnl_events e LEFT JOIN gnl_event_marks m \
          ON m.topic = e.topic AND m.name = ?2 AND m.seq = e.seq \
        WHERE e.topic = ?1 AND e.seq > ?3 AND e.deliver_at <= ?4 \
          AND (m.seq IS NULL OR (m.state = 'wait' AND m.due_at <= ?4)) \
+       ORDER BY e.seq LIMIT ?5) \
        UNION ALL \
-       SELECT e.seq, e.id, e.org, e.payload, e.emitted_at, m.attempts \
+       SELECT * FROM (SELECT e.seq, e.id, e.org, e.payload, e.emitted_at, m.attempts \
        FROM gnl_event_marks m JOIN gnl_events e ON e.topic = m.topic AND e.seq = m.seq \
-       WHERE m.topic = ?1 AND m.name = ?2 AND m.seq <= ?3 AND m.state = 'wait' AND m.due_at <= ?4) \
+       WHERE m.topic = ?1 AND m.name = ?2 AND m.seq <= ?3 AND m.state = 'wait' AND m.due_at <= ?4 \
+       ORDER BY m.seq LIMIT ?5)) \
      ORDER BY seq LIMIT ?5";
 
 impl SqliteStore {
@@ -361,15 +365,23 @@ impl EventStore for SqliteStore {
         }))
     }
 
-    async fn dead_events(&self, topic: &str, name: &str) -> Result<Vec<DeadEventRow>> {
+    async fn dead_events(
+        &self,
+        topic: &str,
+        name: &str,
+        after_seq: i64,
+        limit: i64,
+    ) -> Result<Vec<DeadEventRow>> {
         self.counted(1);
         let rows = sqlx::query(
             "SELECT e.id, d.seq, e.org, d.attempts, d.error, d.at, e.payload, d.handed_back \
              FROM gnl_dead_events d JOIN gnl_events e ON e.topic = d.topic AND e.seq = d.seq \
-             WHERE d.topic = ?1 AND d.name = ?2 ORDER BY d.seq",
+             WHERE d.topic = ?1 AND d.name = ?2 AND d.seq > ?3 ORDER BY d.seq LIMIT ?4",
         )
         .bind(topic)
         .bind(name)
+        .bind(after_seq)
+        .bind(limit)
         .fetch_all(&self.pool)
         .await?;
         Ok(rows
@@ -383,6 +395,30 @@ impl EventStore for SqliteStore {
                 at: r.get(5),
                 payload: r.get(6),
                 handed_back: r.get::<i64, _>(7) != 0,
+            })
+            .collect())
+    }
+
+    async fn consumers(&self, after: Option<(&str, &str)>, limit: i64) -> Result<Vec<ConsumerRow>> {
+        self.counted(1);
+        let rows = sqlx::query(
+            "SELECT c.topic, c.name, c.heartbeat_at, \
+               (SELECT count(*) FROM gnl_dead_events d WHERE d.topic = c.topic AND d.name = c.name) \
+             FROM gnl_consumers c WHERE ?1 IS NULL OR (c.topic, c.name) > (?1, ?2) \
+             ORDER BY c.topic, c.name LIMIT ?3",
+        )
+        .bind(after.map(|a| a.0))
+        .bind(after.map(|a| a.1))
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .iter()
+            .map(|r| ConsumerRow {
+                topic: r.get(0),
+                name: r.get(1),
+                heartbeat_at: r.get(2),
+                dead: r.get(3),
             })
             .collect())
     }

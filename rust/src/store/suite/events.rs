@@ -142,7 +142,7 @@ pub async fn a_failing_event_holds_the_cursor_then_is_quarantined_and_handed_bac
         (vec!["poison".to_string()], 2)
     );
     assert!(s.event_settle("t", "c", 1, &[fail(2, None)]).await.unwrap());
-    let dead = s.dead_events("t", "c").await.unwrap();
+    let dead = s.dead_events("t", "c", 0, i64::MAX).await.unwrap();
     assert_eq!(dead.len(), 1);
     assert_eq!(
         (
@@ -156,12 +156,26 @@ pub async fn a_failing_event_holds_the_cursor_then_is_quarantined_and_handed_bac
     assert_eq!(consume_all(&s, "t", "c", 1).await, ["d"]);
     let lag = s.consumer_lag("t", "c").await.unwrap().unwrap();
     assert_eq!((lag.cursor, lag.behind, lag.dead), (4, 0, 1));
+    // Paged: nothing past the record's seq; the consumer is listed with its one record.
+    let seq = dead[0].seq;
+    assert!(s.dead_events("t", "c", seq, 10).await.unwrap().is_empty());
+    assert_eq!(s.dead_events("t", "c", seq - 1, 1).await.unwrap().len(), 1);
+    let listed = s.consumers(None, 10).await.unwrap();
+    assert_eq!(
+        listed
+            .iter()
+            .map(|c| (c.topic.as_str(), c.name.as_str(), c.dead))
+            .collect::<Vec<_>>(),
+        [("t", "c", 1)]
+    );
+    assert!(s.consumers(Some(("t", "c")), 10).await.unwrap().is_empty());
+    assert_eq!(s.consumers(Some(("t", "b")), 10).await.unwrap().len(), 1);
     // Handed back once: True, True again while it waits, redelivered once, then gone.
     assert!(!s.dead_retry("t", "c", "nope").await.unwrap());
     assert!(!s.dead_retry("t", "other", "poison").await.unwrap());
     assert!(s.dead_retry("t", "c", "poison").await.unwrap());
     assert!(s.dead_retry("t", "c", "poison").await.unwrap());
-    assert!(s.dead_events("t", "c").await.unwrap()[0].handed_back);
+    assert!(s.dead_events("t", "c", 0, i64::MAX).await.unwrap()[0].handed_back);
     assert_eq!(s.consumer_lag("t", "c").await.unwrap().unwrap().behind, 1);
     let rows = s.event_fetch("t", "c", 1, 100).await.unwrap().unwrap();
     assert_eq!(
@@ -169,7 +183,11 @@ pub async fn a_failing_event_holds_the_cursor_then_is_quarantined_and_handed_bac
         (vec!["poison".to_string()], 1)
     );
     assert!(s.event_settle("t", "c", 1, &accept(&rows)).await.unwrap());
-    assert!(s.dead_events("t", "c").await.unwrap().is_empty());
+    assert!(s
+        .dead_events("t", "c", 0, i64::MAX)
+        .await
+        .unwrap()
+        .is_empty());
     assert!(!s.dead_retry("t", "c", "poison").await.unwrap());
     assert!(s
         .event_fetch("t", "c", 1, 100)

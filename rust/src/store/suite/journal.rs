@@ -258,6 +258,8 @@ pub async fn runs_are_listed_and_read_back(s: Arc<dyn Store>) {
         state: state.map(String::from),
         workflow: workflow.map(String::from),
         limit,
+        before: None,
+        scan: None,
     };
     let ids = |rows: Vec<crate::store::journal::RunRow>| {
         rows.into_iter().map(|r| r.run_id).collect::<Vec<_>>()
@@ -285,6 +287,48 @@ pub async fn runs_are_listed_and_read_back(s: Arc<dyn Store>) {
             .unwrap()),
         Vec::<String>::new()
     );
+    // Paging by the last run of the previous page walks every run once, newest first.
+    let mut walked = vec![];
+    let mut before = None;
+    loop {
+        let page = s
+            .list_runs(&RunQuery {
+                limit: 1,
+                before: before.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let Some(last) = page.last() else { break };
+        before = Some((last.created_at, last.run_id.clone()));
+        walked.extend(ids(page));
+    }
+    assert_eq!(walked, ["c", "b", "a"]);
+    // A bounded scan: of the 2 newest runs (c, b) only b is running; the scan ends at b.
+    let scanned = s
+        .list_runs(&RunQuery {
+            state: Some("running".into()),
+            limit: 10,
+            scan: Some(2),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(ids(scanned), ["b"]);
+    let edge = s.runs_edge(None, 2).await.unwrap().unwrap();
+    assert_eq!(edge.1, "b");
+    let rest = s
+        .list_runs(&RunQuery {
+            state: Some("running".into()),
+            limit: 10,
+            scan: Some(2),
+            before: Some(edge.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(ids(rest), ["a"]);
+    assert_eq!(s.runs_edge(Some((edge.0, &edge.1)), 2).await.unwrap(), None);
     let (run, steps) = s.run_get("a").await.unwrap().unwrap();
     assert_eq!(run.state, "running");
     assert_eq!(steps.len(), 1);

@@ -1,0 +1,264 @@
+"""Every ``gnl`` command: its happy path, and its error paths (an unknown id, a bad URL, an
+unreachable store, an outdated schema: the message names ``gnl upgrade``), with ``--json``
+output, exit codes (2 bad usage, 1 a failed operation) and one-line errors.
+
+The commands run in process (click's runner), on every backend; ``gnl run`` is tests/test_app.py,
+``gnl demo`` tests/test_wheel.py and ``gnl studio`` tests/test_studio.py (their error paths are
+here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+import gnl
+from _support import outdated_sqlite_store
+from gnl.cli import cli
+
+LONG_ID = "order-" + "x" * 40 + "-end"
+
+
+def gnl_cmd(*args: str, env: dict[str, str] | None = None) -> Result:
+    return CliRunner(env={"COLUMNS": "200", **(env or {})}).invoke(cli, list(args), prog_name="gnl")
+
+
+def one_line_error(r: Result, code: int) -> str:
+    assert r.exit_code == code, (r.exit_code, r.output, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gnl: "), r.stderr
+    return lines[0]
+
+
+def seeded(url: str) -> None:
+    """A store with a dead job, a pending one, a done run, a trigger and a quarantined event."""
+
+    async def go() -> None:
+        async with await gnl.connect(url) as st:
+            await gnl.enqueue(st.work, "boom", {"a": 1}, id=LONG_ID, org_id="acme")
+            await gnl.enqueue(st.work, "later", {"b": 2}, id="p1", org_id="acme")
+
+            async def boom(payload: Any, ctx: gnl.JobContext) -> None:
+                raise RuntimeError("kaput")
+
+            await gnl.create_worker(st, {"boom": boom}, max_attempts=1).drain()
+
+            async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+                return await ctx.step("s", lambda: 7)
+
+            await gnl.create_gnl(st, {"wf": wf}).run_workflow("wf", run_id="r1")
+            await gnl.schedule_workflow(st, "wf", id="nightly", cron="0 3 * * *")
+            await gnl.emit(st.work, "orders", {"o": 1}, id="e1")
+
+            async def fails(payload: Any, meta: gnl.EventMeta) -> None:
+                raise ValueError("bad order")
+
+            await gnl.create_consumer(
+                st.work, "orders", fails, name="billing", max_attempts=1
+            ).drain()
+
+    asyncio.run(go())
+
+
+def test_every_command_happy_path(store_url: Callable[[], str]) -> None:
+    url = store_url()
+    r = gnl_cmd("upgrade", url, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["schema_version"] >= 1
+    seeded(url)
+    env = {"GNL_URL": url}
+
+    # jobs
+    r = gnl_cmd("jobs", "list", "--org", "acme", env=env)
+    assert r.exit_code == 0 and LONG_ID in r.output and "p1" in r.output, r.output
+    listed = [
+        json.loads(ln)
+        for ln in gnl_cmd("jobs", "list", "--all", "--json", env=env).output.splitlines()
+    ]
+    assert {j["id"]: j["state"] for j in listed} == {LONG_ID: "dead", "p1": "pending"}
+    shown = json.loads(gnl_cmd("jobs", "show", LONG_ID, "--org", "acme", "--json", env=env).output)
+    assert shown["state"] == "dead" and "kaput" in shown["last_error"]
+    assert "kaput" in gnl_cmd("jobs", "show", LONG_ID, "--org", "acme", env=env).output
+    r = gnl_cmd("jobs", "retry", LONG_ID, "--org", "acme", "--json", env=env)
+    assert r.exit_code == 0 and json.loads(r.output)["state"] == "pending", r.output
+    r = gnl_cmd("jobs", "cancel", "p1", "--org", "acme", "--reason", "dup", env=env)
+    assert r.exit_code == 0 and "canceled" in r.output
+
+    # runs
+    runs = [json.loads(ln) for ln in gnl_cmd("runs", "list", "--json", env=env).output.splitlines()]
+    assert [(x["run_id"], x["state"]) for x in runs] == [("r1", "done")]
+    assert "r1" in gnl_cmd("runs", "list", env=env).output
+    assert json.loads(gnl_cmd("runs", "show", "r1", "--json", env=env).output)["result"] == 7
+    assert "done" in gnl_cmd("runs", "show", "r1", env=env).output
+
+    # events
+    r = gnl_cmd("events", "dead", "orders", "billing", env=env)
+    assert r.exit_code == 0 and "e1" in r.output and "bad order" in r.output, r.output
+    dead = [
+        json.loads(ln)
+        for ln in gnl_cmd(
+            "events", "dead", "orders", "billing", "--json", env=env
+        ).output.splitlines()
+    ]
+    assert [(d["id"], d["attempts"], d["payload"]) for d in dead] == [("e1", 1, {"o": 1})]
+    r = gnl_cmd("events", "retry", "orders", "billing", "e1", "--json", env=env)
+    assert r.exit_code == 0 and json.loads(r.output)["retried"] is True, r.output
+    r = gnl_cmd("events", "dead", "orders", "other", env=env)
+    assert r.exit_code == 0 and "no quarantined events" in r.output
+
+    # triggers
+    trig = [
+        json.loads(ln) for ln in gnl_cmd("triggers", "list", "--json", env=env).output.splitlines()
+    ]
+    assert [(t["id"], t["spec"]) for t in trig] == [("nightly", "0 3 * * *")]
+    assert "nightly" in gnl_cmd("triggers", "list", env=env).output
+    r = gnl_cmd("triggers", "unschedule", "nightly", "--json", env=env)
+    assert r.exit_code == 0 and json.loads(r.output) == {"id": "nightly", "unscheduled": True}
+    assert gnl_cmd("triggers", "list", env=env).output.strip() == "no triggers"
+
+
+def test_cron_prints_iso_utc() -> None:
+    r = gnl_cmd("cron", "0 3 * * *", "-n", "2", "--after", "0")
+    assert r.exit_code == 0
+    assert r.output.split() == ["1970-01-01T03:00:00.000Z", "1970-01-02T03:00:00.000Z"]
+    r = gnl_cmd("cron", "*/30 * * * *", "-n", "3", "--after", "0", "--json")
+    assert json.loads(r.output) == [1_800_000, 3_600_000, 5_400_000]
+    assert "CronError" in one_line_error(gnl_cmd("cron", "61 * * * *"), 2)
+    assert gnl_cmd("cron", "* * * * *", "-n", "0").exit_code == 2
+
+
+def test_unknown_ids_exit_1(store_url: Callable[[], str]) -> None:
+    url = store_url()
+    asyncio.run(gnl.upgrade(url))
+    env = {"GNL_URL": url}
+    for args, msg in (
+        (("jobs", "show", "nope"), "no job 'nope'"),
+        (("jobs", "retry", "nope"), "no job 'nope'"),
+        (("jobs", "cancel", "nope", "--org", "acme"), "no job 'nope' in org 'acme'"),
+        (("runs", "show", "nope"), "no run 'nope'"),
+        (("events", "retry", "orders", "billing", "nope"), "no quarantined event 'nope'"),
+        (("triggers", "unschedule", "nope"), "no trigger 'nope'"),
+    ):
+        assert msg in one_line_error(gnl_cmd(*args, env=env), 1), args
+
+
+STORE_COMMANDS = [
+    ("upgrade",),
+    ("jobs", "list"),
+    ("jobs", "show", "x"),
+    ("jobs", "retry", "x"),
+    ("jobs", "cancel", "x"),
+    ("runs", "list"),
+    ("runs", "show", "x"),
+    ("events", "dead", "t", "c"),
+    ("events", "retry", "t", "c", "x"),
+    ("triggers", "list"),
+    ("triggers", "unschedule", "x"),
+]
+
+
+@pytest.mark.parametrize("args", STORE_COMMANDS, ids=lambda a: " ".join(a))
+def test_bad_and_unreachable_urls(args: tuple[str, ...]) -> None:
+    assert "no store given" in gnl_cmd(*args).stderr
+    assert gnl_cmd(*args).exit_code == 2
+    bad = one_line_error(gnl_cmd(*args, "--url", "redis://127.0.0.1/0"), 2)
+    assert "InvalidArgumentError" in bad and "redis" in bad
+    away = one_line_error(gnl_cmd(*args, "--url", "postgres://postgres@127.0.0.1:1/test"), 1)
+    assert "StoreUnavailableError" in away
+
+
+@pytest.mark.parametrize("args", STORE_COMMANDS[1:], ids=lambda a: " ".join(a))
+def test_outdated_schema_names_gnl_upgrade(args: tuple[str, ...], tmp_path: Path) -> None:
+    url = outdated_sqlite_store(str(tmp_path / "old.db"))
+    err = one_line_error(gnl_cmd(*args, "--url", url), 1)
+    assert "SchemaOutdatedError" in err and "gnl upgrade" in err
+    # And no SQLite file at all: exit 1, naming gnl upgrade; nothing is created.
+    missing = tmp_path / "missing.db"
+    err = one_line_error(gnl_cmd(*args, "--url", f"sqlite:///{missing}"), 1)
+    assert "gnl upgrade" in err and not missing.exists()
+
+
+def test_studio_and_demo_error_paths(tmp_path: Path) -> None:
+    err = one_line_error(gnl_cmd("studio", f"sqlite:///{tmp_path}/none.db"), 1)
+    assert "gnl upgrade" in err
+    err = one_line_error(gnl_cmd("demo", "--url", "redis://127.0.0.1/0"), 2)
+    assert "redis" in err
+    assert gnl_cmd("demo", "--workers", "0").exit_code == 2
+
+
+def test_tables_fit_a_narrow_terminal(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/s.db"
+    asyncio.run(gnl.upgrade(url))
+    seeded(url)
+    for args in (
+        ("jobs", "list", "--org", "acme"),
+        ("jobs", "show", LONG_ID, "--org", "acme"),
+        ("events", "dead", "orders", "billing"),
+        ("runs", "list"),
+        ("triggers", "list"),
+    ):
+        r = gnl_cmd(*args, "--url", url, env={"COLUMNS": "60"})
+        assert r.exit_code == 0, (args, r.output)
+        lines = r.output.splitlines()
+        assert all(len(ln) <= 60 for ln in lines), (args, r.output)
+        assert "…" not in r.output, (args, r.output)  # nothing cut: long cells wrap
+    # The long id wraps, whole, across lines of its column.
+    out = gnl_cmd("jobs", "list", "--org", "acme", "--url", url, env={"COLUMNS": "60"}).output
+    pieces = [ln.split("│")[2].strip() for ln in out.splitlines() if ln.count("│") > 3]
+    assert LONG_ID in "".join(pieces)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        (),
+        ("upgrade",),
+        ("demo",),
+        ("run",),
+        ("studio",),
+        ("jobs",),
+        ("jobs", "list"),
+        ("jobs", "show"),
+        ("jobs", "retry"),
+        ("jobs", "cancel"),
+        ("runs",),
+        ("runs", "list"),
+        ("runs", "show"),
+        ("runs", "resolve"),
+        ("events",),
+        ("events", "dead"),
+        ("events", "retry"),
+        ("triggers",),
+        ("triggers", "list"),
+        ("triggers", "unschedule"),
+        ("cron",),
+    ],
+    ids=lambda a: " ".join(a) or "gnl",
+)
+def test_every_command_has_help_with_an_example(args: tuple[str, ...]) -> None:
+    r = gnl_cmd(*args, "--help")
+    assert r.exit_code == 0, r.output
+    assert "Usage: gnl" in r.output
+    examples = r.output.split("Examples:")[1].splitlines()[1:]
+    assert examples and all(ln.startswith("    ") for ln in examples), r.output
+    assert any(ln.strip().startswith("gnl ") for ln in examples), r.output
+
+
+@pytest.mark.parametrize(
+    "args, msg",
+    [
+        (("jobs", "show"), "Missing argument 'ID'; see gnl jobs show --help"),
+        (("jobs", "list", "--state", "nope", "--url", "sqlite:///x.db"), "'--state'"),
+        (("nope",), "No such command 'nope'; see gnl --help"),
+        (("runs", "resolve", "r", "s", "--url", "sqlite:///x.db"), "exactly one of --value"),
+        (("cron", "* * * * *", "-n", "0"), "'-n'"),
+    ],
+)
+def test_usage_errors_are_one_line_exit_2(args: tuple[str, ...], msg: str, tmp_path: Path) -> None:
+    assert msg in one_line_error(gnl_cmd(*args), 2)
