@@ -212,6 +212,16 @@ async def atimed(coro: Any) -> tuple[float, Any]:
     return time.perf_counter() - t, out
 
 
+async def consume_two(w: gnl.WorkStore, topic: str, n: int) -> list[float]:
+    """Drain ``topic``'s n events with two consumer names, one after the other: their times."""
+    out = []
+    for name in ("fulfilment", "audit"):
+        dt, res = await atimed(gnl.create_consumer(w, topic, noop, name=name).drain())
+        assert res == gnl.DrainResult(n, n, 0), res
+        out.append(dt)
+    return out
+
+
 async def gnl_runs(url: str) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {"emit_many": [], "emit": [], "consume": [], "consume_n": []}
     async with await gnl.connect(url) as st:
@@ -223,11 +233,7 @@ async def gnl_runs(url: str) -> dict[str, list[float]]:
             assert len(ids) == N
             out["emit_many"].append(dt)
             # gnl alone: the N events of emit_many consumed by two names (a backlog of N).
-            for name in ("fulfilment", "audit"):
-                con = gnl.create_consumer(w, f"many-{r}", noop, name=name)
-                dt, res = await atimed(con.drain())
-                assert res == gnl.DrainResult(N, N, 0), res
-                out["consume_n"].append(dt)
+            out["consume_n"] += await consume_two(w, f"many-{r}", N)
 
             async def singles(topic: str) -> None:
                 for i in range(N1):
@@ -236,11 +242,7 @@ async def gnl_runs(url: str) -> dict[str, list[float]]:
             dt, _ = await atimed(singles(f"one-{r}"))
             out["emit"].append(dt)
             # Consume the single-emit topic (N1 events) with two names, one after the other.
-            for name in ("fulfilment", "audit"):
-                con = gnl.create_consumer(w, f"one-{r}", noop, name=name)
-                dt, res = await atimed(con.drain())
-                assert res == gnl.DrainResult(N1, N1, 0), res
-                out["consume"].append(dt)
+            out["consume"] += await consume_two(w, f"one-{r}", N1)
     return out
 
 

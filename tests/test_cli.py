@@ -107,6 +107,10 @@ def test_every_command_happy_path(store_url: Callable[[], str]) -> None:
         ).output.splitlines()
     ]
     assert [(d["id"], d["attempts"], d["payload"]) for d in dead] == [("e1", 1, {"o": 1})]
+    r = gnl_cmd("events", "dead", "orders", "billing", "--limit", "1", env=env)
+    assert r.exit_code == 0 and f"--after {dead[0]['seq']}" in r.output, r.output
+    r = gnl_cmd("events", "dead", "orders", "billing", "--after", str(dead[0]["seq"]), env=env)
+    assert r.exit_code == 0 and "no quarantined events" in r.output, r.output
     r = gnl_cmd("events", "retry", "orders", "billing", "e1", "--json", env=env)
     assert r.exit_code == 0 and json.loads(r.output)["retried"] is True, r.output
     r = gnl_cmd("events", "dead", "orders", "other", env=env)

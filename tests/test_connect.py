@@ -201,6 +201,28 @@ async def test_concurrent_upgrades_and_connects_are_safe(store_url: Callable[[],
             await s.close()
 
 
+async def test_a_connect_during_another_ones_first_migration_waits_for_it(
+    store_url: Callable[[], str],
+) -> None:
+    # Connects that arrive while another one is creating the schema (MySQL's DDL commits
+    # migration by migration, so the store shows a version below the latest meanwhile) wait
+    # for it and open the store, instead of calling a store that is being created outdated.
+    url = store_url()
+
+    async def late(i: int) -> gnl.Storage:
+        await asyncio.sleep(i * 0.02)
+        return await gnl.connect(url)
+
+    results = await asyncio.gather(*(late(i) for i in range(25)), return_exceptions=True)
+    try:
+        errors = [r for r in results if isinstance(r, BaseException)]
+        assert not errors, errors[0]
+    finally:
+        for r in results:
+            if isinstance(r, gnl.Storage):
+                await r.close()
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [

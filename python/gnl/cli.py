@@ -904,15 +904,34 @@ def events() -> None:
 @click.argument("topic", metavar="TOPIC")
 @click.argument("consumer", metavar="CONSUMER")
 @_url_option
+@click.option(
+    "--limit",
+    default=100,
+    show_default=True,
+    type=click.IntRange(1, 10_000),
+    help="Events to show.",
+)
+@click.option(
+    "--after",
+    "after_seq",
+    default=0,
+    type=click.IntRange(0),
+    metavar="SEQ",
+    help="The next page: only events past this log position (printed under a full page).",
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-def events_dead(topic: str, consumer: str, url: str | None, as_json: bool) -> None:
+def events_dead(
+    topic: str, consumer: str, url: str | None, limit: int, after_seq: int, as_json: bool
+) -> None:
     """List the events consumer CONSUMER of TOPIC quarantined (it gave up on them), in log
     order."""
     target = _need_store(url)
 
     async def go() -> list[gnl.DeadEvent]:
         async with await _open(target) as storage:
-            return await gnl.list_dead_events(storage.work, topic, consumer)
+            return await gnl.list_dead_events(
+                storage.work, topic, consumer, after_seq=after_seq, limit=limit
+            )
 
     items = _run(go)
     if as_json:
@@ -942,6 +961,8 @@ def events_dead(topic: str, consumer: str, url: str | None, as_json: bool) -> No
             escape(_short(json.dumps(ev.payload, ensure_ascii=False))),
         )
     console.print(table)
+    if len(items) == limit:
+        console.print(f"more events may follow: add --after {items[-1].seq}")
 
 
 @events.command("retry", epilog=_ex("gnl events retry orders billing 01JD0Z6K3M"))

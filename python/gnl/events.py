@@ -430,7 +430,8 @@ class Consumer:
 
     async def drain(self) -> DrainResult:
         """Deliver until no event is due for this consumer (or :meth:`stop` is called), then
-        return what ran.
+        return what ran (an event quarantined unrun after ``max_attempts`` deliveries that
+        never returned counts as processed and failed).
 
         Raises:
             StoreUnavailableError: the store cannot be reached.

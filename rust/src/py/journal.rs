@@ -373,20 +373,24 @@ fn scan_runs<'py>(
         )));
     }
     let s = store.inner.clone();
+    // Without a filter every run examined matches: the plain listing, no window needed.
+    let filtered = state.is_some() || workflow.is_some();
     let q = RunQuery {
         state,
         workflow,
         limit,
         before,
-        scan: Some(scan),
+        scan: filtered.then_some(scan),
     };
     spawn(py, async move {
         let rows = s.list_runs(&q).await?;
         let next = if rows.len() as i64 == limit {
             rows.last().map(|r| (r.created_at, r.run_id.clone()))
-        } else {
+        } else if filtered {
             let before = q.before.as_ref().map(|(at, id)| (*at, id.as_str()));
             s.runs_edge(before, scan).await?
+        } else {
+            None
         };
         Ok((rows.into_iter().map(RawRun::from).collect::<Vec<_>>(), next))
     })

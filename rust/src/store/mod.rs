@@ -56,6 +56,12 @@ pub trait Store:
     async fn now_ms(&self) -> Result<i64>;
     /// The schema version recorded in the store; `None` for a store without gnl tables.
     async fn schema_version(&self) -> Result<Option<i64>>;
+    /// The schema version once no migration is running (a migrator elsewhere is waited
+    /// for). Engines whose migrations commit as a whole (SQLite, Postgres) never show a
+    /// version in between: the default reads it.
+    async fn settled_schema_version(&self) -> Result<Option<i64>> {
+        self.schema_version().await
+    }
     /// Apply every migration newer than the store's version (idempotent, safe under races).
     async fn migrate(&self) -> Result<()>;
 
@@ -182,7 +188,13 @@ where
 async fn open_once(url: &str, max_connections: u32, create: bool) -> Result<Arc<dyn Store>> {
     let store = connect(url, max_connections, create).await?;
     let latest = latest_version(store.backend());
-    match store.schema_version().await? {
+    let mut found = store.schema_version().await?;
+    if matches!(found, Some(v) if v < latest) {
+        // Maybe a migration in progress elsewhere (MySQL's DDL commits migration by
+        // migration): the version once it is done decides.
+        found = store.settled_schema_version().await?;
+    }
+    match found {
         None if create => store.migrate().await?,
         None => {
             return Err(Error::SchemaOutdated {

@@ -371,13 +371,18 @@ impl JournalStore for MysqlStore {
 
     async fn list_runs(&self, q: &RunQuery) -> Result<Vec<RunRow>> {
         self.counted(1);
-        const AFTER: &str = "(? IS NULL OR created_at < ? OR \
-             (created_at = ? AND run_key < UNHEX(SHA2(?, 256))))";
+        // `created_at <= ?` first: a range on the listing index (an OR alone is not one).
+        const AFTER: &str = "(? IS NULL OR (created_at <= ? AND (created_at < ? OR \
+             run_key < UNHEX(SHA2(?, 256)))))";
         const ORDER: &str = "ORDER BY created_at DESC, run_key DESC";
         let from = match q.scan {
             None => "gnl_runs".to_string(),
-            // A derived table with a LIMIT is materialized: only with a scan bound.
-            Some(_) => format!("(SELECT * FROM gnl_runs WHERE {AFTER} {ORDER} LIMIT ?) w"),
+            // A derived table with a LIMIT is materialized: only with a scan bound, and only
+            // the keys (read from the listing index alone), joined back to their rows.
+            Some(_) => format!(
+                "gnl_runs NATURAL JOIN \
+                 (SELECT run_key FROM gnl_runs WHERE {AFTER} {ORDER} LIMIT ?) w"
+            ),
         };
         let sql = format!(
             "SELECT {RUN_COLS} FROM {from} WHERE (? IS NULL OR state = ?) \
@@ -412,8 +417,8 @@ impl JournalStore for MysqlStore {
         self.counted(1);
         let at = before.map(|b| b.0);
         let row = sqlx::query(
-            "SELECT created_at, run_id FROM gnl_runs WHERE (? IS NULL OR created_at < ? OR \
-             (created_at = ? AND run_key < UNHEX(SHA2(?, 256)))) \
+            "SELECT created_at, run_id FROM gnl_runs WHERE (? IS NULL OR (created_at <= ? AND \
+             (created_at < ? OR run_key < UNHEX(SHA2(?, 256))))) \
              ORDER BY created_at DESC, run_key DESC LIMIT 1 OFFSET ?",
         )
         .bind(at)

@@ -205,6 +205,24 @@ pub struct MysqlStore {
 }
 
 impl MysqlStore {
+    /// A connection holding the migrators' named lock (per database; waits up to 30 s).
+    async fn migrate_lock(&self) -> Result<sqlx::pool::PoolConnection<sqlx::MySql>> {
+        let mut conn = self.pool.acquire().await?;
+        self.counted(1);
+        let got: Option<i64> =
+            sqlx::query_scalar("SELECT GET_LOCK(CONCAT('gnl_migrate:', LEFT(DATABASE(), 48)), 30)")
+                .fetch_one(&mut *conn)
+                .await?;
+        if got != Some(1) {
+            return Err(Error::StoreUnavailable {
+                reason: "another process has been migrating this database's gnl schema for 30 s"
+                    .into(),
+                code: None,
+            });
+        }
+        Ok(conn)
+    }
+
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
         let opts = MySqlConnectOptions::from_str(url)
             .map_err(|e| Error::invalid(format!("bad MySQL URL: {e}")))?
@@ -346,21 +364,25 @@ impl Store for MysqlStore {
         )
     }
 
+    async fn settled_schema_version(&self) -> Result<Option<i64>> {
+        // The migrators' named lock, taken and given back: a migration in progress (its
+        // versions commit one by one) is waited for, up to 30 s.
+        let mut conn = self.migrate_lock().await?;
+        self.counted(1);
+        let released =
+            sqlx::query("SELECT RELEASE_LOCK(CONCAT('gnl_migrate:', LEFT(DATABASE(), 48)))")
+                .execute(&mut *conn)
+                .await;
+        if released.is_err() {
+            // Never back into the pool holding the lock: the session ends, and the lock with it.
+            let _ = sqlx::Connection::close(conn.detach()).await;
+        }
+        self.schema_version().await
+    }
+
     async fn migrate(&self) -> Result<()> {
         // MySQL DDL commits as it goes: a named lock (per database) keeps two migrators apart.
-        let mut conn = self.pool.acquire().await?;
-        self.counted(1);
-        let got: Option<i64> =
-            sqlx::query_scalar("SELECT GET_LOCK(CONCAT('gnl_migrate:', LEFT(DATABASE(), 48)), 30)")
-                .fetch_one(&mut *conn)
-                .await?;
-        if got != Some(1) {
-            return Err(Error::StoreUnavailable {
-                reason: "another process has been migrating this database's gnl schema for 30 s"
-                    .into(),
-                code: None,
-            });
-        }
+        let mut conn = self.migrate_lock().await?;
         let r = async {
             // gnl_schema appears only once migration 1 is complete (DDL is not transactional
             // here): a concurrent `open` sees an empty store, not a half-built one.

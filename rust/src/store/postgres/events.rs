@@ -20,13 +20,17 @@ use crate::store::events::*;
 const EMIT_ROWS: usize = 20_000;
 
 // Each arm is ordered and limited on its own (an index walk that stops after `$5` rows): a
-// limit only on the union made Postgres read and sort the whole backlog on every fetch.
+// limit only on the union made Postgres read and sort the whole backlog on every fetch. An
+// event's mark is one index probe (a LATERAL with LIMIT 1 is not flattened into a join): as a
+// join, the planner sorted or hashed the whole marks table, whose dead rows (a batch's marks
+// are written at fetch and deleted at settle) grow until a vacuum.
 const CANDIDATES: &str = "SELECT seq, id, org, payload, emitted_at, attempts FROM ( \
        (SELECT e.seq, e.id, e.org, e.payload, e.emitted_at, coalesce(m.attempts, 0) AS attempts \
-       FROM gnl_events e LEFT JOIN gnl_event_marks m \
-         ON m.topic = e.topic AND m.name = $2 AND m.seq = e.seq \
+       FROM gnl_events e LEFT JOIN LATERAL (SELECT m.attempts, m.state, m.due_at \
+         FROM gnl_event_marks m WHERE m.topic = e.topic AND m.name = $2 AND m.seq = e.seq \
+         LIMIT 1) m ON true \
        WHERE e.topic = $1 AND e.seq > $3 AND e.deliver_at <= $4 \
-         AND (m.seq IS NULL OR (m.state = 'wait' AND m.due_at <= $4)) \
+         AND (m.state IS NULL OR (m.state = 'wait' AND m.due_at <= $4)) \
        ORDER BY e.seq LIMIT $5) \
        UNION ALL \
        (SELECT e.seq, e.id, e.org, e.payload, e.emitted_at, m.attempts \
@@ -288,9 +292,10 @@ impl EventStore for PostgresStore {
         }
         self.counted(1);
         let row = sqlx::query(
-            "SELECT (SELECT e.seq FROM gnl_events e LEFT JOIN gnl_event_marks m \
-                       ON m.topic = e.topic AND m.name = $2 AND m.seq = e.seq \
-                     WHERE e.topic = $1 AND e.seq > $3 AND (m.seq IS NULL OR m.state = 'wait') \
+            "SELECT (SELECT e.seq FROM gnl_events e LEFT JOIN LATERAL (SELECT m.state \
+                       FROM gnl_event_marks m WHERE m.topic = e.topic AND m.name = $2 \
+                       AND m.seq = e.seq LIMIT 1) m ON true \
+                     WHERE e.topic = $1 AND e.seq > $3 AND (m.state IS NULL OR m.state = 'wait') \
                      ORDER BY e.seq LIMIT 1), \
                     (SELECT max(seq) FROM gnl_event_marks \
                      WHERE topic = $1 AND name = $2 AND seq > $3 AND state <> 'wait')",
