@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from . import _native
+from . import _native, _wake
 from ._time import MAX_DURATION_MS, check_int
 from .errors import InvalidArgumentError, InvalidJobError
 from .queue import JSON, JobSpec
@@ -453,12 +453,17 @@ class Consumer:
 
     # -- the loop ---------------------------------------------------------------------
 
-    async def _sleep(self, ms: int) -> None:
-        if self._stop:
-            return
+    async def _sleep(self, ms: int, seen: int | None = None) -> bool:
+        """Sleep ``ms`` ms or until :meth:`stop`; with ``seen`` (the "events" wake-up version
+        read before the last look), also until an emit: then True."""
         self._wake = asyncio.Event()
+        if self._stop:
+            return False
+        if seen is not None:
+            return await _wake.sleep(self._native, "events", seen, ms, self._wake)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._wake.wait(), ms / 1000)
+        return False
 
     def _lose(self, why: str) -> None:
         self._lost = True
@@ -514,6 +519,8 @@ class Consumer:
             )
             try:
                 while not self._stop and not self._lost:
+                    # Read before the fetch looks: an emit after it wakes the sleep below.
+                    seen = _wake.version(self._native, "events")
                     try:
                         rows = await _native.event_fetch(
                             self._native, self.topic, self.name, token, FETCH_BATCH
@@ -530,8 +537,10 @@ class Consumer:
                     if not rows:
                         if drain:
                             return DrainResult(*done)
-                        await self._sleep(interval)
-                        interval = min(interval * 2, self.max_poll_ms)
+                        if await self._sleep(interval, seen):
+                            interval = self.poll_ms  # an emit: the backoff starts over
+                        else:
+                            interval = min(interval * 2, self.max_poll_ms)
                         continue
                     interval = self.poll_ms
                     outcomes = []
@@ -649,7 +658,8 @@ def create_consumer(
             and its attempt counts as failed (default: no limit).
         lease_ms: The consumer's lease (renewed every third of it off the Python thread).
         poll_ms: Poll interval (ms) when nothing is due; doubles up to ``max_poll_ms``
-            (default ``poll_ms * 32``).
+            (default ``poll_ms * 32``). An emit wakes the consumer at once through the same
+            Storage (and from another process on Postgres and SQLite), resetting it.
         max_poll_ms: The poll interval's cap.
 
     Raises:

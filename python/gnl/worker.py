@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from . import _native, durable
+from . import _native, _wake, durable
 from ._time import MAX_DURATION_MS, check_int
 from .errors import ExecutionRevokedError, GnlError, InvalidArgumentError, StoreUnavailableError
 from .signal import RevocationSignal
@@ -457,6 +457,8 @@ class Worker:
                 continue
             self._claiming = True
             t0 = loop.time()
+            # Read before the claim looks: a job enqueued after it wakes the sleep below.
+            seen = _wake.version(self._storage._native, "jobs")
             try:
                 # With at most one handler running (little for the loop to do meanwhile): at once on
                 # this thread when the store can (a SQLite file whose locks are free: one
@@ -501,8 +503,18 @@ class Worker:
                 self._ready.extend(jobs)
                 continue
             if not drain:
-                await self._sleep(interval)
-                interval = min(interval * 2, self.max_poll_ms)
+                self._wake.clear()
+                if self._stopping:
+                    continue
+                if await _wake.sleep(self._storage._native, "jobs", seen, interval, self._wake):
+                    # A wake-up: something was enqueued; the backoff starts over. Off SQLite
+                    # the claim skips the probe (a woken herd's claims do not queue on a
+                    # write lock there).
+                    interval = self.poll_ms
+                    if self._storage.backend != "sqlite":
+                        native.expect_jobs()
+                else:
+                    interval = min(interval * 2, self.max_poll_ms)
             elif self._tasks or self._ready:
                 # A handler that fails may make its job due again: look once it has ended.
                 await self._wait_slot()
@@ -773,8 +785,11 @@ def create_worker(
             the next claim goes out at once (the store and the handlers work at the same
             time): the worker then holds up to this many jobs more, claimed ahead, which
             start in claim order as slots free (see :meth:`Worker.stop`).
-        poll_ms: The poll interval; an empty poll doubles it up to ``max_poll_ms``
-            (default ``poll_ms * 32``); a claim resets it.
+        poll_ms: The poll interval (ms); an empty poll doubles it up to ``max_poll_ms``
+            (default ``poll_ms * 32``); a claim resets it, and so does a wake-up: an idle
+            worker is woken at once by an enqueue or retry through the same Storage, and by
+            another process's on Postgres (LISTEN/NOTIFY) and SQLite (``PRAGMA data_version``,
+            checked every 15 ms); on MySQL the poll finds those.
         retry_delay_ms: Delay before a failed attempt is retried: an int, or a callable
             ``f(attempt) -> ms`` of the 1-based attempt that failed. None: exponential from
             1,000 ms, doubling, capped at 60,000 ms, ±20% jitter.

@@ -21,7 +21,11 @@
 //!   holder learns that a lease is lost through `on_revoke(seq, token, why)`: when the store
 //!   says it is not ours, or at the lease-loss deadline, `LOSS_MARGIN` before the lease would
 //!   end (the last good renewal's send time + `ttl_ms`), whatever the renewals in flight: so
-//!   before another worker can reclaim it. A `cancel_job` of a running job comes the same way.
+//!   before another worker can reclaim it. A `cancel_job` of a running job comes the same way,
+//!   and sooner: the store's wake-ups (`store::wake`, topic `Cancels`) make the renewal task
+//!   look at once (this process's cancel, a Postgres notification); on a SQLite change of
+//!   another connection (which may be a cancel) at most once per `CANCEL_GAP`; on an engine
+//!   without a watcher (MySQL) every `CANCEL_CHECK` while it holds leases (a read there).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -33,7 +37,7 @@ use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::model::{ClaimRequest, ClaimedJob, LeaseRef, Outcome, RenewStatus};
-use crate::store::{self, Store};
+use crate::store::{self, Store, Topic};
 
 /// Called (from a tokio thread) when a held attempt `(seq, token)` must stop: `why` is
 /// "lease-lost" or "canceled".
@@ -53,6 +57,15 @@ pub const WRITE_AFTER: Duration = Duration::from_millis(5);
 /// The lease-loss deadline comes this share of `ttl_ms` before the lease would end: room for
 /// the signal to reach the handler before another worker can reclaim the job.
 pub const LOSS_MARGIN_DIV: u32 = 6;
+
+/// The shortest pause between two early looks for cancels on a change that may not be one
+/// (`Topic::Changed`: SQLite's watcher saw another connection commit): a busy store is not
+/// answered by a look per commit.
+pub const CANCEL_GAP: Duration = Duration::from_millis(500);
+
+/// How often a worker holding leases looks for cancels on an engine that cannot tell it
+/// (no watcher: MySQL).
+pub const CANCEL_CHECK: Duration = Duration::from_millis(500);
 
 /// The longest pause between two tries of a write that failed.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -97,6 +110,8 @@ struct Shared {
     stop: tokio::sync::watch::Sender<bool>,
     on_revoke: RevokeFn,
     log: LogFn,
+    /// This worker's key in the store's `Wakeups` (its registered job types).
+    wake_key: u64,
 }
 
 pub struct WorkerCore {
@@ -113,6 +128,8 @@ impl WorkerCore {
         log: LogFn,
     ) -> Self {
         let ttl = Duration::from_millis(req.ttl_ms.max(1) as u64);
+        store.watch(rt);
+        let wake_key = store.wakeups().register(req.types.clone());
         let shared = Arc::new(Shared {
             store,
             req,
@@ -130,6 +147,7 @@ impl WorkerCore {
             stop: tokio::sync::watch::channel(false).0,
             on_revoke,
             log,
+            wake_key,
         });
         rt.spawn(renew_loop(shared.clone()));
         rt.spawn(deadline_loop(shared.clone()));
@@ -145,6 +163,12 @@ impl WorkerCore {
     /// `claim` at once on the calling thread, when the store can; `None`: use `claim`.
     pub fn claim_now(&self, n: usize) -> Option<Result<Vec<ClaimedJob>>> {
         claim_now(&self.shared, n)
+    }
+
+    /// Jobs are likely due (a wake-up after an enqueue): the next claim skips the empty-poll
+    /// probe, as after a full claim.
+    pub fn expect_jobs(&self) {
+        self.shared.full.store(true, Ordering::Relaxed);
     }
 
     /// The organization of a claimed attempt whose lease is held ("" when unknown).
@@ -214,7 +238,9 @@ impl WorkerCore {
     /// are not released early: they expire (API: `stop` releases nothing early), so a job
     /// whose handler never finished is reclaimed after `ttl_ms`.
     pub fn close(&mut self) {
-        self.shared.closed.store(true, Ordering::SeqCst);
+        if !self.shared.closed.swap(true, Ordering::SeqCst) {
+            self.shared.store.wakeups().unregister(self.shared.wake_key);
+        }
         self.shared.stop.send_replace(true);
     }
 }
@@ -612,16 +638,66 @@ async fn deadline_loop(s: Arc<Shared>) {
     }
 }
 
+/// Whether a handler of this worker runs (a lease is held whose outcome is not queued).
+fn runs(s: &Shared) -> bool {
+    s.held.lock().unwrap().values().any(|l| !l.finished)
+}
+
+/// What the renewal task does next.
+enum Look {
+    /// The renewal (every `ttl_ms/3`).
+    Renew,
+    /// An early look for cancels: a cancel was made (this process's, a notification), a
+    /// change that may be one, or the periodic look of an engine without a watcher.
+    Cancels,
+}
+
 async fn renew_loop(s: Arc<Shared>) {
     let every = Duration::from_millis((s.req.ttl_ms / 3).max(1) as u64);
+    let wake = s.store.wakeups().clone();
+    // Without a watcher, a look every CANCEL_CHECK finds other processes' cancels.
+    let hour = Duration::from_secs(3600);
+    let check_every = if s.store.watches_others() {
+        hour
+    } else {
+        CANCEL_CHECK
+    };
     let mut failures = 0u32;
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
+    let mut seen = wake.version(Topic::Cancels);
+    let mut seen_changed = wake.version(Topic::Changed);
+    let mut looked = Instant::now();
+    // A look asked for by a change that may be a cancel, due at this instant.
+    let mut maybe: Option<Instant> = None;
     loop {
-        tokio::select! {
+        // A closed store's waits end at once: then only the timer runs.
+        let open = !*wake.closed().borrow();
+        let maybe_at = maybe.unwrap_or_else(|| Instant::now() + hour);
+        let look = tokio::select! {
             _ = stopped(&s) => return,
-            _ = tick.tick() => {}
+            _ = tick.tick() => Look::Renew,
+            _ = wake.wait(Topic::Cancels, seen, check_every), if open => {
+                seen = wake.version(Topic::Cancels);
+                Look::Cancels
+            }
+            _ = wake.wait(Topic::Changed, seen_changed, hour), if open && maybe.is_none() => {
+                seen_changed = wake.version(Topic::Changed);
+                if !runs(&s) {
+                    continue;
+                }
+                // Not at once: at most one such look per CANCEL_GAP, the renewals going on.
+                maybe = Some((looked + CANCEL_GAP).max(Instant::now()));
+                continue;
+            }
+            _ = tokio::time::sleep_until(maybe_at), if maybe.is_some() => Look::Cancels,
+        };
+        if let Look::Cancels = look {
+            maybe = None;
+            if !runs(&s) {
+                continue; // nothing runs: nothing to stop
+            }
         }
         let leases: Vec<LeaseRef> = {
             let held = s.held.lock().unwrap();
@@ -640,49 +716,71 @@ async fn renew_loop(s: Arc<Shared>) {
         // Awaited to its end, however long it takes (dropped half-way, its transaction would
         // keep the connection's locks): the deadline task does not wait for it.
         let sent = Instant::now();
-        match store::renew(s.store.as_ref(), &leases, s.req.ttl_ms).await {
-            Ok(status) => {
-                failures = 0;
-                let mut canceled = Vec::new();
-                let mut lost = Vec::new();
-                {
-                    let mut held = s.held.lock().unwrap();
-                    for (l, st) in leases.iter().zip(status) {
-                        let a = (l.seq, l.token);
-                        match st {
-                            RenewStatus::Held | RenewStatus::CancelRequested => {
-                                let Some(lease) = held.get_mut(&a) else {
-                                    continue; // written or given up meanwhile
-                                };
-                                lease.renewed = lease.renewed.max(sent);
-                                if st == RenewStatus::CancelRequested && !lease.finished {
-                                    canceled.push(a);
-                                }
-                            }
-                            RenewStatus::Lost => {
-                                if held.remove(&a).is_some_and(|l| !l.finished) {
-                                    lost.push(a);
-                                }
-                            }
-                        }
-                    }
+        looked = sent;
+        // A renewal answers a pending look too.
+        maybe = None;
+        let result = match look {
+            Look::Renew => store::renew(s.store.as_ref(), &leases, s.req.ttl_ms)
+                .await
+                .map(|st| (st, true)),
+            Look::Cancels => s.store.check_cancels(&leases, s.req.ttl_ms).await,
+        };
+        match result {
+            Ok((status, extended)) => {
+                if extended {
+                    failures = 0;
                 }
-                for (seq, token) in lost {
-                    (s.on_revoke)(seq, token, "lease-lost");
-                }
-                for a in canceled {
-                    if s.cancel_told.lock().unwrap().insert(a) {
-                        (s.on_revoke)(a.0, a.1, "canceled");
-                    }
-                }
+                told(&s, &leases, status, extended.then_some(sent));
             }
             Err(e) => {
+                if let Look::Cancels = look {
+                    continue; // the renewal reports the store's trouble
+                }
                 failures += 1;
                 (s.log)(format!(
                     "gnl worker: lease renewal failed ({failures} in a row; a lease is lost {} ms after its last good renewal): {e}",
                     (s.ttl - s.ttl / LOSS_MARGIN_DIV).as_millis()
                 ));
             }
+        }
+    }
+}
+
+/// The store's answer about `leases`: the lost ones are revoked, the canceled ones told once,
+/// and (when `renewed` says the renewal sent then held) the held ones' deadlines moved on.
+fn told(s: &Shared, leases: &[LeaseRef], status: Vec<RenewStatus>, renewed: Option<Instant>) {
+    let mut canceled = Vec::new();
+    let mut lost = Vec::new();
+    {
+        let mut held = s.held.lock().unwrap();
+        for (l, st) in leases.iter().zip(status) {
+            let a = (l.seq, l.token);
+            match st {
+                RenewStatus::Held | RenewStatus::CancelRequested => {
+                    let Some(lease) = held.get_mut(&a) else {
+                        continue; // written or given up meanwhile
+                    };
+                    if let Some(sent) = renewed {
+                        lease.renewed = lease.renewed.max(sent);
+                    }
+                    if st == RenewStatus::CancelRequested && !lease.finished {
+                        canceled.push(a);
+                    }
+                }
+                RenewStatus::Lost => {
+                    if held.remove(&a).is_some_and(|l| !l.finished) {
+                        lost.push(a);
+                    }
+                }
+            }
+        }
+    }
+    for (seq, token) in lost {
+        (s.on_revoke)(seq, token, "lease-lost");
+    }
+    for a in canceled {
+        if s.cancel_told.lock().unwrap().insert(a) {
+            (s.on_revoke)(a.0, a.1, "canceled");
         }
     }
 }

@@ -37,6 +37,9 @@ fn event_emit<'py>(
     let s = store.inner.clone();
     spawn(py, async move {
         s.emit(&topic, &batch).await?;
+        if !batch.is_empty() {
+            s.wakeups().changed(crate::store::Topic::Events);
+        }
         Ok(ids)
     })
 }

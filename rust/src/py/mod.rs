@@ -369,7 +369,10 @@ impl NativeStore {
         let org = org_key(org_id)?;
         let id = id.to_string();
         let s = self.inner.clone();
-        spawn(py, async move { s.retry_job(&org, &id).await })
+        spawn(
+            py,
+            async move { store::retry_job(s.as_ref(), &org, &id).await },
+        )
     }
 
     #[pyo3(signature = (org_id, id, reason))]
@@ -384,7 +387,7 @@ impl NativeStore {
         let id = id.to_string();
         let s = self.inner.clone();
         spawn(py, async move {
-            s.cancel_job(&org, &id, reason.as_deref()).await
+            store::cancel_job(s.as_ref(), &org, &id, reason.as_deref()).await
         })
     }
 
@@ -510,6 +513,46 @@ impl NativeStore {
             Ok(())
         })
     }
+
+    /// The current version of wake-up topic `topic` ("jobs", "cancels", "events"): read it
+    /// before looking at the store, then `wake_wait` for a newer one.
+    fn wake_version(&self, topic: &str) -> PyResult<u64> {
+        Ok(self.inner.wakeups().version(wake_topic(topic)?))
+    }
+
+    /// Wait until `topic`'s version is past `seen` (True), at most `timeout_ms` (False), or
+    /// until the store closes (False). Starts the engine's watcher of other processes'
+    /// changes the first time.
+    fn wake_wait<'py>(
+        &self,
+        py: Python<'py>,
+        topic: &str,
+        seen: u64,
+        timeout_ms: u64,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let t = wake_topic(topic)?;
+        let s = self.inner.clone();
+        s.watch(pyo3_async_runtimes::tokio::get_runtime().handle());
+        spawn(py, async move {
+            Ok(s.wakeups()
+                .wait(t, seen, Duration::from_millis(timeout_ms))
+                .await)
+        })
+    }
+
+    /// How many wake-ups came from other processes so far (notifications, SQLite changes).
+    #[getter]
+    fn remote_wakeups(&self) -> u64 {
+        self.inner.wakeups().remote_count()
+    }
+}
+
+fn wake_topic(name: &str) -> PyResult<store::Topic> {
+    store::Topic::parse(name).ok_or_else(|| {
+        InvalidArgumentError::new_err(format!(
+            "topic must be \"jobs\", \"cancels\" or \"events\", not {name:?}"
+        ))
+    })
 }
 
 /// The native half of a worker (see `crate::worker`).
@@ -640,6 +683,12 @@ impl NativeWorker {
             error,
             delay_ms: delay,
         });
+        Ok(())
+    }
+
+    /// Jobs are likely due (a wake-up): the next claim skips the empty-poll probe.
+    fn expect_jobs(&self) -> PyResult<()> {
+        self.core()?.expect_jobs();
         Ok(())
     }
 

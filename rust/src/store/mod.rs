@@ -30,6 +30,7 @@ pub mod sqlite;
 pub(crate) mod suite;
 pub mod triggers;
 pub mod url;
+pub mod wake;
 
 pub use events::EventStore;
 pub use journal::JournalStore;
@@ -38,6 +39,7 @@ pub use queue::{
     PartReceiver, PartSender, QueueStore,
 };
 pub use triggers::TriggerStore;
+pub use wake::{Topic, Wakeups};
 
 /// The engine's base: what every subsystem's store shares (its backend, clock, schema and
 /// pool). `Arc<dyn Store>` is the whole store, every subsystem's operations included. All
@@ -64,6 +66,47 @@ pub trait Store:
     async fn migrate(&self) -> Result<()>;
 
     async fn close(&self);
+
+    /// This store's wake-ups (see `wake`): what this process changed, and what other
+    /// processes changed once `watch` has started the engine's watcher.
+    fn wakeups(&self) -> &Arc<Wakeups>;
+
+    /// Start the watcher of other processes' changes on `rt` (once per store; later calls do
+    /// nothing): Postgres LISTENs, SQLite checks `PRAGMA data_version`, MySQL has none.
+    fn watch(&self, rt: &tokio::runtime::Handle) {
+        let _ = rt;
+    }
+
+    /// Whether `watch` learns of other processes' changes (false: only the poll finds them,
+    /// and a worker looks for cancels of its running jobs every `worker::CANCEL_CHECK`).
+    fn watches_others(&self) -> bool {
+        false
+    }
+}
+
+/// `QueueStore::retry_job`, waking this process's workers (and, where the engine tells them,
+/// other processes') when a job became pending again.
+pub async fn retry_job(store: &(impl Store + ?Sized), org: &str, id: &str) -> Result<bool> {
+    let r = store.retry_job(org, id).await?;
+    if r {
+        store.wakeups().changed(Topic::Jobs);
+    }
+    Ok(r)
+}
+
+/// `QueueStore::cancel_job`, reaching the worker that runs the job at once: this process's
+/// directly, another's through the engine's notification or its next short check.
+pub async fn cancel_job(
+    store: &(impl Store + ?Sized),
+    org: &str,
+    id: &str,
+    reason: Option<&str>,
+) -> Result<bool> {
+    let r = store.cancel_job(org, id, reason).await?;
+    if r {
+        store.wakeups().changed(Topic::Cancels);
+    }
+    Ok(r)
 }
 
 /// The error of a pool that could not open its first connection. sqlx's pool retries a

@@ -148,6 +148,18 @@ pub trait QueueStore: Send + Sync {
     /// Extend leases by `ttl_ms`; one status per lease, in order.
     async fn renew(&self, leases: &[LeaseRef], ttl_ms: i64) -> Result<Vec<RenewStatus>>;
 
+    /// Which of these leases are still held and which jobs were asked to stop (one status
+    /// per lease, in order), and whether the leases were extended by `ttl_ms` meanwhile: a
+    /// worker's early look for cancels (`worker::CANCEL_CHECK`). By default a renewal; an
+    /// engine whose renewal costs a write per lease may read instead.
+    async fn check_cancels(
+        &self,
+        leases: &[LeaseRef],
+        ttl_ms: i64,
+    ) -> Result<(Vec<RenewStatus>, bool)> {
+        Ok((renew(self, leases, ttl_ms).await?, true))
+    }
+
     /// Whether some lane of one of `types` may have a due job (its next-due bound has passed).
     /// A claim for `types` that came back empty while this is true met lanes that concurrent
     /// claims held.
@@ -280,8 +292,13 @@ pub async fn scan_jobs(
 /// `again_on_deadlock`): two calls that insert overlapping ids in different orders can
 /// deadlock, and the rows (ids included) are fixed before the call, so running it again is
 /// idempotent.
-pub async fn enqueue(store: &(impl QueueStore + ?Sized), jobs: &JobBatch) -> Result<()> {
-    again_on_deadlock(|| store.enqueue_batch(jobs)).await
+/// Waiting workers are woken once it committed.
+pub async fn enqueue(store: &(impl super::Store + ?Sized), jobs: &JobBatch) -> Result<()> {
+    again_on_deadlock(|| store.enqueue_batch(jobs)).await?;
+    if !jobs.is_empty() {
+        store.wakeups().changed(super::Topic::Jobs);
+    }
+    Ok(())
 }
 
 /// One message of `QueueStore::enqueue_parts`.
@@ -320,14 +337,19 @@ pub fn append_part(jobs: usize, all: &mut JobBatch, part: &JobBatch) {
 /// `QueueStore::enqueue_parts`, run again as one batch when the server aborted it to break a
 /// deadlock (see `enqueue`).
 pub async fn enqueue_parts(
-    store: &(impl QueueStore + ?Sized),
+    store: &(impl super::Store + ?Sized),
     jobs: usize,
     orgs: &[String],
     parts: &mut PartReceiver,
 ) -> Result<()> {
     match store.enqueue_parts(jobs, orgs, parts).await {
         (Err(e), all) if e.is_deadlock() => enqueue(store, &all).await,
-        (r, _) => r,
+        (r, _) => {
+            if r.is_ok() && jobs > 0 {
+                store.wakeups().changed(super::Topic::Jobs);
+            }
+            r
+        }
     }
 }
 

@@ -200,6 +200,8 @@ pub struct MysqlStore {
     union_locks: AtomicBool,
     /// When this store last looked for expired leases (monotonic).
     reclaims: ReclaimThrottle,
+    /// This process's wake-ups (MySQL has no watcher: other processes' changes are polled).
+    wake: std::sync::Arc<super::Wakeups>,
 }
 
 impl MysqlStore {
@@ -281,6 +283,7 @@ impl MysqlStore {
             max_packet,
             union_locks: AtomicBool::new(true),
             reclaims: ReclaimThrottle::new(),
+            wake: super::Wakeups::new(false),
         })
     }
 
@@ -435,6 +438,11 @@ impl Store for MysqlStore {
     }
 
     async fn close(&self) {
+        self.wake.close();
         self.pool.close().await;
+    }
+
+    fn wakeups(&self) -> &std::sync::Arc<super::Wakeups> {
+        &self.wake
     }
 }

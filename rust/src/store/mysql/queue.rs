@@ -789,63 +789,16 @@ impl QueueStore for MysqlStore {
     }
 
     async fn renew(&self, leases: &[LeaseRef], ttl_ms: i64) -> Result<Vec<RenewStatus>> {
-        if leases.is_empty() {
-            return Ok(vec![]);
-        }
-        let mut sorted: Vec<LeaseRef> = leases.to_vec();
-        sorted.sort_by_key(|l| l.seq);
-        let mut status: BTreeMap<i64, RenewStatus> = BTreeMap::new();
-        for r in plan(sorted.len(), 2, self.budget, |_| 16) {
-            let part = &sorted[r];
-            let derived = |q: &mut Sql| -> Result<()> {
-                for (i, l) in part.iter().enumerate() {
-                    q.s(if i == 0 {
-                        "SELECT CAST(? AS SIGNED) AS seq, CAST(? AS SIGNED) AS tok"
-                    } else {
-                        " UNION ALL SELECT CAST(? AS SIGNED), CAST(? AS SIGNED)"
-                    });
-                    q.bind(l.seq)?.bind(l.token)?;
-                }
-                Ok(())
-            };
-            // Extend, then read back which leases are ours (a lease is (seq, token, running):
-            // a token only grows, so no lease becomes ours between the two statements).
-            let mut q = Sql::new("UPDATE (");
-            q.rows = part.len();
-            derived(&mut q)?;
-            q.s(concat!(
-                ") l STRAIGHT_JOIN gnl_jobs g FORCE INDEX (PRIMARY) ON g.seq = l.seq \
-                 SET g.lease_expires_at = ",
-                now_ms!(),
-                " + ? WHERE g.lease_token = l.tok AND g.state = 'running'"
-            ));
-            q.bind(ttl_ms)?;
-            self.counted(1);
-            q.execute(&self.pool).await?;
-            let mut q = Sql::new("SELECT g.seq, g.cancel_requested FROM (");
-            q.rows = part.len();
-            derived(&mut q)?;
-            q.s(
-                ") l STRAIGHT_JOIN gnl_jobs g FORCE INDEX (PRIMARY) ON g.seq = l.seq \
-                 WHERE g.lease_token = l.tok AND g.state = 'running'",
-            );
-            self.counted(1);
-            for row in q.fetch_all(&self.pool).await? {
-                let cancel: i64 = row.try_get_unchecked::<i8, _>(1).map(i64::from)?;
-                status.insert(
-                    row.get(0),
-                    if cancel != 0 {
-                        RenewStatus::CancelRequested
-                    } else {
-                        RenewStatus::Held
-                    },
-                );
-            }
-        }
-        Ok(leases
-            .iter()
-            .map(|l| status.get(&l.seq).copied().unwrap_or(RenewStatus::Lost))
-            .collect())
+        self.lease_status(leases, Some(ttl_ms)).await
+    }
+
+    /// A read: MySQL's renewal writes every lease's row.
+    async fn check_cancels(
+        &self,
+        leases: &[LeaseRef],
+        _ttl_ms: i64,
+    ) -> Result<(Vec<RenewStatus>, bool)> {
+        Ok((self.lease_status(leases, None).await?, false))
     }
 
     async fn get_job(&self, org: &str, id: &str) -> Result<Option<JobRow>> {
@@ -1042,5 +995,75 @@ impl QueueStore for MysqlStore {
                 .map(|r| (text(r, 0), r.get::<Option<i64>, _>(1), r.get::<i64, _>(2)))
                 .collect(),
         ))
+    }
+}
+
+impl MysqlStore {
+    /// Each lease's status (held, cancel requested, lost), in order; with `extend`, the
+    /// leases still held are extended by that many ms first.
+    async fn lease_status(
+        &self,
+        leases: &[LeaseRef],
+        extend: Option<i64>,
+    ) -> Result<Vec<RenewStatus>> {
+        if leases.is_empty() {
+            return Ok(vec![]);
+        }
+        let mut sorted: Vec<LeaseRef> = leases.to_vec();
+        sorted.sort_by_key(|l| l.seq);
+        let mut status: BTreeMap<i64, RenewStatus> = BTreeMap::new();
+        for r in plan(sorted.len(), 2, self.budget, |_| 16) {
+            let part = &sorted[r];
+            let derived = |q: &mut Sql| -> Result<()> {
+                for (i, l) in part.iter().enumerate() {
+                    q.s(if i == 0 {
+                        "SELECT CAST(? AS SIGNED) AS seq, CAST(? AS SIGNED) AS tok"
+                    } else {
+                        " UNION ALL SELECT CAST(? AS SIGNED), CAST(? AS SIGNED)"
+                    });
+                    q.bind(l.seq)?.bind(l.token)?;
+                }
+                Ok(())
+            };
+            // Extend, then read back which leases are ours (a lease is (seq, token, running):
+            // a token only grows, so no lease becomes ours between the two statements).
+            if let Some(ttl_ms) = extend {
+                let mut q = Sql::new("UPDATE (");
+                q.rows = part.len();
+                derived(&mut q)?;
+                q.s(concat!(
+                    ") l STRAIGHT_JOIN gnl_jobs g FORCE INDEX (PRIMARY) ON g.seq = l.seq \
+                     SET g.lease_expires_at = ",
+                    now_ms!(),
+                    " + ? WHERE g.lease_token = l.tok AND g.state = 'running'"
+                ));
+                q.bind(ttl_ms)?;
+                self.counted(1);
+                q.execute(&self.pool).await?;
+            }
+            let mut q = Sql::new("SELECT g.seq, g.cancel_requested FROM (");
+            q.rows = part.len();
+            derived(&mut q)?;
+            q.s(
+                ") l STRAIGHT_JOIN gnl_jobs g FORCE INDEX (PRIMARY) ON g.seq = l.seq \
+                 WHERE g.lease_token = l.tok AND g.state = 'running'",
+            );
+            self.counted(1);
+            for row in q.fetch_all(&self.pool).await? {
+                let cancel: i64 = row.try_get_unchecked::<i8, _>(1).map(i64::from)?;
+                status.insert(
+                    row.get(0),
+                    if cancel != 0 {
+                        RenewStatus::CancelRequested
+                    } else {
+                        RenewStatus::Held
+                    },
+                );
+            }
+        }
+        Ok(leases
+            .iter()
+            .map(|l| status.get(&l.seq).copied().unwrap_or(RenewStatus::Lost))
+            .collect())
     }
 }

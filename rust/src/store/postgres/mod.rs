@@ -43,6 +43,7 @@ mod queue;
 #[cfg(test)]
 mod tests;
 mod triggers;
+mod wake;
 
 /// The oldest server this engine runs on (`server_version_num`).
 const MIN_SERVER_VERSION: i64 = 120_000;
@@ -65,7 +66,11 @@ type Tx = Transaction<'static, Postgres>;
 
 pub struct PostgresStore {
     pool: PgPool,
-    queries: AtomicU64,
+    /// Shared with the notification sender, whose statements count too.
+    queries: std::sync::Arc<AtomicU64>,
+    wake: std::sync::Arc<super::Wakeups>,
+    /// How the listener connects (`watch`).
+    opts: PgConnectOptions,
     /// When a call of this store last looked for expired leases (monotonic).
     reclaims: ReclaimThrottle,
 }
@@ -101,7 +106,9 @@ impl PostgresStore {
         };
         let store = PostgresStore {
             pool,
-            queries: AtomicU64::new(0),
+            queries: std::sync::Arc::new(AtomicU64::new(0)),
+            wake: super::Wakeups::new(true),
+            opts: opts.clone(),
             reclaims: ReclaimThrottle::new(),
         };
         store.counted(1);
@@ -117,6 +124,16 @@ impl PostgresStore {
                 "this Postgres server is version {text}; gnl needs PostgreSQL 12 or newer"
             )));
         }
+        tokio::spawn(wake::send(
+            store.pool.clone(),
+            store.queries.clone(),
+            store
+                .wake
+                .outbox()
+                .expect("a Postgres store sends its changes"),
+            store.wake.nonce().to_string(),
+            store.wake.closed(),
+        ));
         Ok(store)
     }
 
@@ -213,6 +230,35 @@ impl Store for PostgresStore {
     }
 
     async fn close(&self) {
+        // The changes not sent yet go before the pool closes (a process that enqueues and
+        // closes at once still wakes the others).
+        if let Some(outbox) = self.wake.outbox() {
+            let _sending = outbox.sending.lock().await;
+            let bits = outbox.take();
+            if bits != 0 {
+                self.counted(1);
+                wake::notify(&self.pool, bits, self.wake.nonce()).await;
+            }
+        }
+        self.wake.close();
         self.pool.close().await;
+    }
+
+    fn wakeups(&self) -> &std::sync::Arc<super::Wakeups> {
+        &self.wake
+    }
+
+    fn watch(&self, rt: &tokio::runtime::Handle) {
+        if self.wake.start_watching() {
+            rt.spawn(wake::listen(
+                self.opts.clone(),
+                std::sync::Arc::downgrade(&self.wake),
+                self.wake.closed(),
+            ));
+        }
+    }
+
+    fn watches_others(&self) -> bool {
+        true
     }
 }

@@ -52,6 +52,9 @@ pub struct SqliteStore {
     raw: std::sync::Mutex<Option<now::Raw>>,
     /// The queue's hot path's connection (`raw.rs`; file stores), opened on first use.
     hot: std::sync::Arc<std::sync::Mutex<Option<raw::Db>>>,
+    wake: std::sync::Arc<super::Wakeups>,
+    /// How the `PRAGMA data_version` watcher connects (None: in memory, no other process).
+    watch_opts: Option<SqliteConnectOptions>,
 }
 
 /// SQLite's own busy handler sleeps up to 100 ms between tries, so a process waiting for
@@ -109,6 +112,7 @@ impl SqliteStore {
             .pragma("foreign_keys", "OFF")
             .statement_cache_capacity(256);
         let memory = matches!(target, SqliteTarget::Memory);
+        let watch_opts = (!memory).then(|| opts.clone());
         let pool = SqlitePoolOptions::new()
             .max_connections(max)
             .min_connections(if memory { 1 } else { 0 })
@@ -174,6 +178,8 @@ impl SqliteStore {
             },
             raw: std::sync::Mutex::new(None),
             hot: std::sync::Arc::new(std::sync::Mutex::new(None)),
+            wake: super::Wakeups::new(false),
+            watch_opts,
         })
     }
 
@@ -349,8 +355,83 @@ impl Store for SqliteStore {
     }
 
     async fn close(&self) {
+        self.wake.close();
         self.pool.close().await;
         let _w = self.write.lock().await;
         *self.hot.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    fn wakeups(&self) -> &std::sync::Arc<super::Wakeups> {
+        &self.wake
+    }
+
+    fn watch(&self, rt: &tokio::runtime::Handle) {
+        if let Some(opts) = &self.watch_opts {
+            if self.wake.start_watching() {
+                rt.spawn(watch_data_version(
+                    opts.clone(),
+                    std::sync::Arc::downgrade(&self.wake),
+                    self.wake.closed(),
+                ));
+            }
+        }
+    }
+
+    fn watches_others(&self) -> bool {
+        self.watch_opts.is_some()
+    }
+}
+
+/// The SQLite watcher: `PRAGMA data_version` on a connection of its own every
+/// `DATA_VERSION_EVERY`; a new value means another connection committed (another process's,
+/// or this one's other connections): it wakes this process's waiters on every topic (they
+/// look, one read each). Reconnects with backoff when the file cannot be opened.
+async fn watch_data_version(
+    opts: SqliteConnectOptions,
+    wake: std::sync::Weak<super::Wakeups>,
+    mut closed: tokio::sync::watch::Receiver<bool>,
+) {
+    use sqlx::Connection;
+    let mut conn: Option<sqlx::SqliteConnection> = None;
+    let mut last: Option<i64> = None;
+    let mut pause = super::wake::DATA_VERSION_EVERY;
+    loop {
+        tokio::select! {
+            _ = super::wake::until_closed(&mut closed) => break,
+            _ = tokio::time::sleep(pause) => {}
+        }
+        let Some(w) = wake.upgrade() else { break };
+        if conn.is_none() {
+            match sqlx::SqliteConnection::connect_with(&opts).await {
+                Ok(c) => conn = Some(c),
+                Err(_) => {
+                    pause = (pause * 2).min(super::wake::WATCH_MAX_BACKOFF);
+                    continue;
+                }
+            }
+        }
+        let c = conn.as_mut().expect("connected above");
+        match sqlx::query_scalar::<_, i64>("PRAGMA data_version")
+            .fetch_one(&mut *c)
+            .await
+        {
+            Ok(v) => {
+                if last.is_some_and(|l| l != v) {
+                    w.bump_remote(None);
+                }
+                last = Some(v);
+                pause = super::wake::DATA_VERSION_EVERY;
+            }
+            Err(_) => {
+                // A new connection starts a new count: the first value it reads is no change.
+                conn = None;
+                last = None;
+                w.bump_remote(None);
+                pause = (pause * 2).min(super::wake::WATCH_MAX_BACKOFF);
+            }
+        }
+    }
+    if let Some(c) = conn {
+        let _ = c.close().await;
     }
 }
