@@ -22,6 +22,7 @@ from typing import Any
 
 from . import _native, _wake
 from ._time import MAX_DURATION_MS, check_int
+from .durable import _age_ms
 from .errors import InvalidArgumentError, InvalidJobError
 from .queue import JSON, JobSpec
 from .signal import RevocationSignal
@@ -515,7 +516,7 @@ class Consumer:
                 token,
                 self._lose,
                 asyncio.get_running_loop(),
-                int((time.monotonic() - sent) * 1000) + 1,  # the lease's age: acquired before
+                _age_ms(sent),
             )
             try:
                 while not self._stop and not self._lost:

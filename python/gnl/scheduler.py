@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from . import _native
 from ._time import MAX_DURATION_MS, check_int, to_ms
-from .durable import _owner
+from .durable import _age_ms, _owner
 from .errors import (
     GnlError,
     InvalidArgumentError,
@@ -470,23 +470,6 @@ class _Poller:
             slot = plan.fire
         run_id = f"sched:{r.id}:{r.fire_count}"
         key = f"{run_id}:fire"
-        signal = RevocationSignal()
-        loop = asyncio.get_running_loop()
-        done = asyncio.Event()
-
-        def lost(why: str) -> None:
-            signal.abort(why, f"fire {run_id!r} lost its fire lock")
-            loop.call_later(self.lock_ttl_ms / 1000, warn_still_running)
-
-        def warn_still_running() -> None:
-            if not done.is_set():
-                log.warning(
-                    "gnl scheduler: fire %r is still running %d ms after it lost its fire "
-                    "lock; another poller may fire it too",
-                    run_id,
-                    self.lock_ttl_ms,
-                )
-
         # The lock and the re-read in one turn of the store calls' cap: a lock is not held
         # while its fire waits behind a poll's other fires. It is renewed from the moment it is
         # acquired (the keeper's clock starts when the acquisition was sent).
@@ -496,6 +479,23 @@ class _Poller:
             if token is None:
                 result.skipped += 1
                 return
+            signal = RevocationSignal()
+            loop = asyncio.get_running_loop()
+            done = asyncio.Event()
+
+            def lost(why: str) -> None:
+                signal.abort(why, f"fire {run_id!r} lost its fire lock")
+                loop.call_later(self.lock_ttl_ms / 1000, warn_still_running)
+
+            def warn_still_running() -> None:
+                if not done.is_set():
+                    log.warning(
+                        "gnl scheduler: fire %r is still running %d ms after it lost its fire "
+                        "lock; another poller may fire it too",
+                        run_id,
+                        self.lock_ttl_ms,
+                    )
+
             keeper = _native.RunKeeper(
                 native,
                 run_id,
@@ -505,7 +505,7 @@ class _Poller:
                 token,
                 lost,
                 loop,
-                int((time.monotonic() - sent) * 1000) + 1,
+                _age_ms(sent),
             )
             try:
                 cur = await _native.trigger_get(native, r.id)

@@ -472,21 +472,22 @@ class Worker:
                     claimed = native.claim(want)
                     self._fill()
                     jobs = await claimed
-            except StoreUnavailableError as e:
-                if drain:
-                    raise
-                log.warning(
-                    "gnl worker %s: store unavailable, retrying in %d ms: %s", self.name, backoff, e
-                )
-                await self._sleep(backoff)
-                backoff = min(backoff * 2, max(self.max_poll_ms, 5_000))
-                continue
             except GnlError as e:
                 if drain:
                     raise
-                log.error(
-                    "gnl worker %s: claim failed, retrying in %d ms: %s", self.name, backoff, e
-                )
+                # One backoff for every failed claim; an unavailable store is a warning, any
+                # other store error an error.
+                if isinstance(e, StoreUnavailableError):
+                    log.warning(
+                        "gnl worker %s: store unavailable, retrying in %d ms: %s",
+                        self.name,
+                        backoff,
+                        e,
+                    )
+                else:
+                    log.error(
+                        "gnl worker %s: claim failed, retrying in %d ms: %s", self.name, backoff, e
+                    )
                 await self._sleep(backoff)
                 backoff = min(backoff * 2, max(self.max_poll_ms, 5_000))
                 continue
