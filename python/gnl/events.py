@@ -523,9 +523,7 @@ class Consumer:
                     # Read before the fetch looks: an emit after it wakes the sleep below.
                     seen = _wake.version(self._native, "events")
                     try:
-                        rows = await _native.event_fetch(
-                            self._native, self.topic, self.name, token, FETCH_BATCH
-                        )
+                        rows = await self._fetch(token)
                     except Exception as e:  # noqa: BLE001
                         if drain:
                             raise
@@ -554,13 +552,23 @@ class Consumer:
                 await keeper.stop()
         return DrainResult(*done)
 
+    async def _fetch(self, token: int) -> list[tuple[int, str, str, str, int, int]] | None:
+        """The next batch (None: another holder took over): at once on this thread when the
+        store can (a SQLite file whose locks are free), else through the runtime."""
+        now = _native.event_fetch_now(self._native, self.topic, self.name, token, FETCH_BATCH)
+        if now is not None:
+            return now[0]
+        return await _native.event_fetch(self._native, self.topic, self.name, token, FETCH_BATCH)
+
     async def _settle(
         self, token: int, outcomes: list[tuple[int, str | None, int | None]], drain: bool
     ) -> None:
         delay = self.poll_ms
         while True:
             try:
-                await _native.event_settle(self._native, self.topic, self.name, token, outcomes)
+                args = (self._native, self.topic, self.name, token, outcomes)
+                if _native.event_settle_now(*args) is None:
+                    await _native.event_settle(*args)
                 return
             except Exception as e:  # noqa: BLE001
                 if drain or self._lost:
