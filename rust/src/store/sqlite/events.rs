@@ -2,6 +2,12 @@
 //! the process's write lock, so SQLite serialises every emitter and consumer write: an emit
 //! reads its topic's counter, numbers its events after it and writes it back before anyone else
 //! may write (docs/DECISIONS.md "Events").
+//!
+//! A consumer's fetch and settle are its hot path: each is one transaction on the raw
+//! connection (`raw.rs`, one hop; at once on the calling thread when the locks are free), and a
+//! fetched batch of fresh events is an in-flight span on the consumer row rather than a mark
+//! per event (`Held`; DECISIONS "Events: the in-flight span"), so a batch accepted whole
+//! writes no mark.
 
 use std::collections::{HashMap, HashSet};
 
