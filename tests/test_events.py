@@ -8,6 +8,7 @@ and bad input refused with nothing written.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from typing import Any
 
@@ -45,6 +46,12 @@ async def test_emit_fans_out_in_log_order_and_is_idempotent_by_id(storage: gnl.S
         m = seen[1][2]
         assert (m.topic, m.consumer, m.org_id, m.attempt) == ("order.paid", name, "acme", 1)
         assert seen[0][2].org_id is None and seen[0][2].emitted_at > 0
+        # The consumer builds its EventMeta without the dataclass's __init__: the same value,
+        # frozen as ever.
+        fields = (m.id, m.topic, m.consumer, m.org_id, m.emitted_at, m.attempt, m.signal)
+        assert type(m) is gnl.EventMeta and m == gnl.EventMeta(*fields)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            m.attempt = 2  # type: ignore[misc]
         assert await c.drain() == gnl.DrainResult(0, 0, 0)
         lag = await gnl.consumer_lag(storage.work, "order.paid", name)
         assert lag is not None and (lag.behind, lag.oldest_unacked_at, lag.dead) == (0, None, 0)

@@ -316,6 +316,16 @@ def event_consumer_open(
 def event_fetch(
     store: NativeStore, topic: str, name: str, token: int, limit: int
 ) -> Awaitable[list[tuple[int, str, str, str, int, int]] | None]: ...
+def event_fetch_now(
+    store: NativeStore, topic: str, name: str, token: int, limit: int
+) -> tuple[list[tuple[int, str, str, str, int, int]] | None] | None: ...
+def event_settle_now(
+    store: NativeStore,
+    topic: str,
+    name: str,
+    token: int,
+    outcomes: list[tuple[int, str | None, int | None]],
+) -> bool | None: ...
 def event_settle(
     store: NativeStore,
     topic: str,

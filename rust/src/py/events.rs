@@ -6,7 +6,7 @@ use pyo3::prelude::*;
 
 use super::errors::{to_py, InvalidArgumentError};
 use super::{jobs, spawn, NativeStore};
-use crate::store::events::{check_name, EventOutcome};
+use crate::store::events::{check_name, EventOutcome, EventRow};
 
 /// An event as Python sees it: `(seq, id, org, payload_json, emitted_at, attempt)`.
 type PyEvent = (i64, String, String, String, i64, i64);
@@ -75,12 +75,67 @@ fn event_fetch<'py>(
     spawn(py, async move {
         Ok(s.event_fetch(&topic, &name, token, limit)
             .await?
-            .map(|rows| {
-                rows.into_iter()
-                    .map(|e| (e.seq, e.id, e.org, e.payload, e.emitted_at, e.attempt))
-                    .collect::<Vec<PyEvent>>()
-            }))
+            .map(py_events))
     })
+}
+
+/// `event_fetch` at once on the calling thread (the GIL released meanwhile) when the store
+/// can (a SQLite file whose locks are free): `(rows,)` (rows None: `token` no longer holds the
+/// consumer), or None when nothing was done (then call `event_fetch`).
+#[pyfunction]
+fn event_fetch_now(
+    py: Python<'_>,
+    store: &NativeStore,
+    topic: &str,
+    name: &str,
+    token: i64,
+    limit: i64,
+) -> PyResult<Option<(Option<Vec<PyEvent>>,)>> {
+    let s = store.inner.clone();
+    match py.detach(|| s.event_fetch_now(topic, name, token, limit)) {
+        None => Ok(None),
+        Some(r) => Ok(Some((r.map_err(to_py)?.map(py_events),))),
+    }
+}
+
+fn py_events(rows: Vec<EventRow>) -> Vec<PyEvent> {
+    rows.into_iter()
+        .map(|e| (e.seq, e.id, e.org, e.payload, e.emitted_at, e.attempt))
+        .collect()
+}
+
+type PyOutcome = (i64, Option<String>, Option<i64>);
+
+fn outcomes_of(outcomes: Vec<PyOutcome>) -> Vec<EventOutcome> {
+    outcomes
+        .into_iter()
+        .map(|(seq, error, retry)| match error {
+            None => EventOutcome::Accepted { seq },
+            Some(error) => EventOutcome::Failed {
+                seq,
+                error,
+                retry_after_ms: retry,
+            },
+        })
+        .collect()
+}
+
+/// `event_settle` at once on the calling thread when the store can (as `event_fetch_now`):
+/// True / False as `event_settle`, or None when nothing was done (then call `event_settle`).
+#[pyfunction]
+fn event_settle_now(
+    py: Python<'_>,
+    store: &NativeStore,
+    topic: &str,
+    name: &str,
+    token: i64,
+    outcomes: Vec<PyOutcome>,
+) -> PyResult<Option<bool>> {
+    let outs = outcomes_of(outcomes);
+    let s = store.inner.clone();
+    py.detach(|| s.event_settle_now(topic, name, token, &outs))
+        .transpose()
+        .map_err(to_py)
 }
 
 /// Write outcomes `(seq, error, retry_after_ms)`: error None = accepted; retry None =
@@ -92,19 +147,9 @@ fn event_settle<'py>(
     topic: String,
     name: String,
     token: i64,
-    outcomes: Vec<(i64, Option<String>, Option<i64>)>,
+    outcomes: Vec<PyOutcome>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let outs: Vec<EventOutcome> = outcomes
-        .into_iter()
-        .map(|(seq, error, retry)| match error {
-            None => EventOutcome::Accepted { seq },
-            Some(error) => EventOutcome::Failed {
-                seq,
-                error,
-                retry_after_ms: retry,
-            },
-        })
-        .collect();
+    let outs = outcomes_of(outcomes);
     let s = store.inner.clone();
     spawn(py, async move {
         s.event_settle(&topic, &name, token, &outs).await
@@ -226,6 +271,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(event_consumer_open, m)?)?;
     m.add_function(wrap_pyfunction!(event_fetch, m)?)?;
     m.add_function(wrap_pyfunction!(event_settle, m)?)?;
+    m.add_function(wrap_pyfunction!(event_fetch_now, m)?)?;
+    m.add_function(wrap_pyfunction!(event_settle_now, m)?)?;
     m.add_function(wrap_pyfunction!(event_lag, m)?)?;
     m.add_function(wrap_pyfunction!(event_dead, m)?)?;
     m.add_function(wrap_pyfunction!(event_dead_retry, m)?)?;

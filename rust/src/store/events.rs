@@ -184,6 +184,19 @@ pub trait EventStore: Send + Sync {
         limit: i64,
     ) -> Result<Option<Vec<EventRow>>>;
 
+    /// `event_fetch` at once on the calling thread, when the engine can (SQLite: a file store
+    /// whose locks are all free, see `sqlite/raw.rs`): `Some` with its result; `None` when it
+    /// could not (a lock held, another engine), having written nothing: use `event_fetch`.
+    fn event_fetch_now(
+        &self,
+        _topic: &str,
+        _name: &str,
+        _token: i64,
+        _limit: i64,
+    ) -> Option<Result<Option<Vec<EventRow>>>> {
+        None
+    }
+
     /// Write the outcomes of delivered events (one transaction), then move the cursor over
     /// every accepted or quarantined event in front of it. False, writing nothing, when `token`
     /// no longer holds the consumer.
@@ -194,6 +207,18 @@ pub trait EventStore: Send + Sync {
         token: i64,
         outcomes: &[EventOutcome],
     ) -> Result<bool>;
+
+    /// `event_settle` at once on the calling thread, when the engine can (as
+    /// `event_fetch_now`); `None`, having written nothing: use `event_settle`.
+    fn event_settle_now(
+        &self,
+        _topic: &str,
+        _name: &str,
+        _token: i64,
+        _outcomes: &[EventOutcome],
+    ) -> Option<Result<bool>> {
+        None
+    }
 
     /// Consumer `(topic, name)`'s position; `None` when it never ran.
     async fn consumer_lag(&self, topic: &str, name: &str) -> Result<Option<ConsumerLag>>;

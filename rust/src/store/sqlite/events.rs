@@ -2,55 +2,369 @@
 //! the process's write lock, so SQLite serialises every emitter and consumer write: an emit
 //! reads its topic's counter, numbers its events after it and writes it back before anyone else
 //! may write (docs/DECISIONS.md "Events").
+//!
+//! A consumer's fetch and settle are its hot path: each is one transaction on the raw
+//! connection (`raw.rs`, one hop; at once on the calling thread when the locks are free), and a
+//! fetched batch of fresh events is an in-flight span on the consumer row rather than a mark
+//! per event (`Held`; DECISIONS "Events: the in-flight span"), so a batch accepted whole
+//! writes no mark.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use async_trait::async_trait;
 use sqlx::Row;
 
-use super::{SqliteStore, Tx};
+use super::raw::{Db, Val};
+use super::SqliteStore;
 use crate::error::Result;
 use crate::model::JobBatch;
 use crate::store::events::*;
 
 /// The due candidates of a fetch past the cursor (`?1` topic, `?2` name, `?3` cursor, `?4`
-/// now, `?5` limit) and the handed-back events below it.
+/// now, `?5` limit) and the handed-back events below it; the last column says whether the
+/// event has a mark.
 // Each arm is limited and ordered on its own (an index walk that stops after `?5` rows): a
 // limit only on the union made SQLite sort the whole backlog past the cursor on every fetch.
-const CANDIDATES: &str = "SELECT seq, id, org, payload, emitted_at, attempts FROM ( \
-       SELECT * FROM (SELECT e.seq, e.id, e.org, e.payload, e.emitted_at, coalesce(m.attempts, 0) AS attempts \
+const CANDIDATES: &str = "SELECT seq, id, org, payload, emitted_at, attempts, marked FROM ( \
+       SELECT * FROM (SELECT e.seq, e.id, e.org, e.payload, e.emitted_at, \
+         coalesce(m.attempts, 0) AS attempts, m.seq IS NOT NULL AS marked \
        FROM gnl_events e LEFT JOIN gnl_event_marks m \
          ON m.topic = e.topic AND m.name = ?2 AND m.seq = e.seq \
        WHERE e.topic = ?1 AND e.seq > ?3 AND e.deliver_at <= ?4 \
          AND (m.seq IS NULL OR (m.state = 'wait' AND m.due_at <= ?4)) \
        ORDER BY e.seq LIMIT ?5) \
        UNION ALL \
-       SELECT * FROM (SELECT e.seq, e.id, e.org, e.payload, e.emitted_at, m.attempts \
+       SELECT * FROM (SELECT e.seq, e.id, e.org, e.payload, e.emitted_at, m.attempts, 1 \
        FROM gnl_event_marks m JOIN gnl_events e ON e.topic = m.topic AND e.seq = m.seq \
        WHERE m.topic = ?1 AND m.name = ?2 AND m.seq <= ?3 AND m.state = 'wait' AND m.due_at <= ?4 \
        ORDER BY m.seq LIMIT ?5)) \
      ORDER BY seq LIMIT ?5";
 
-impl SqliteStore {
-    /// Check the fencing token and write the heartbeat; the cursor when `token` holds it.
-    async fn hold(
-        tx: &mut Tx<'static>,
-        topic: &str,
-        name: &str,
-        token: i64,
-        now: i64,
-    ) -> Result<Option<i64>> {
-        Ok(sqlx::query_scalar(
-            "UPDATE gnl_consumers SET heartbeat_at = ?4 \
-             WHERE topic = ?1 AND name = ?2 AND token = ?3 RETURNING cursor_seq",
-        )
-        .bind(topic)
-        .bind(name)
-        .bind(token)
-        .bind(now)
-        .fetch_optional(&mut **tx)
-        .await?)
+/// Check the fencing token (`?3`) and write the heartbeat (`?4`); the consumer's cursor and
+/// span when the token holds it.
+const HOLD: &str = "UPDATE gnl_consumers SET heartbeat_at = ?4 \
+     WHERE topic = ?1 AND name = ?2 AND token = ?3 RETURNING cursor_seq, span_hi, span_at, span_n";
+
+/// Set the span (`?3` last seq, `?4` fetched at, `?5` events) and the cursor (`?6`).
+const SET_SPAN: &str = "UPDATE gnl_consumers SET span_hi = ?3, span_at = ?4, span_n = ?5, \
+     cursor_seq = ?6 WHERE topic = ?1 AND name = ?2";
+
+/// Turn a span into marks: every event in it that has no mark (`?3` cursor, `?4` last seq,
+/// `?5` fetched at) was delivered once and not settled: a `wait` mark, attempts 1, due at `?6`.
+const SPAN_TO_MARKS: &str =
+    "INSERT INTO gnl_event_marks (topic, name, seq, state, attempts, due_at) \
+     SELECT e.topic, ?2, e.seq, 'wait', 1, ?6 FROM gnl_events e \
+     WHERE e.topic = ?1 AND e.seq > ?3 AND e.seq <= ?4 AND e.deliver_at <= ?5 \
+       AND NOT EXISTS (SELECT 1 FROM gnl_event_marks m \
+         WHERE m.topic = e.topic AND m.name = ?2 AND m.seq = e.seq)";
+
+/// Put a mark (`?3` seq, `?4` state, `?5` attempts, `?6` due at, `?7` error) on an event that
+/// has none (a span's event).
+const NEW_MARK: &str =
+    "INSERT INTO gnl_event_marks (topic, name, seq, state, attempts, due_at, error) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (topic, name, seq) DO NOTHING";
+
+/// Count an attempt (`?4`) for a delivered marked event (`?3`): it waits, due at `?5`.
+const REDELIVERED: &str = "UPDATE gnl_event_marks SET attempts = ?4, state = 'wait', due_at = ?5 \
+     WHERE topic = ?1 AND name = ?2 AND seq = ?3";
+
+const MARK_OK: &str = "UPDATE gnl_event_marks SET state = 'ok', error = NULL \
+     WHERE topic = ?1 AND name = ?2 AND seq = ?3 AND state = 'wait'";
+
+const UNDEAD: &str = "DELETE FROM gnl_dead_events WHERE topic = ?1 AND name = ?2 AND seq = ?3";
+
+const MARK_RETRY: &str = "UPDATE gnl_event_marks SET due_at = ?4, error = ?5 \
+     WHERE topic = ?1 AND name = ?2 AND seq = ?3 AND state = 'wait'";
+
+const MARK_DEAD: &str = "UPDATE gnl_event_marks SET state = 'dead', error = ?4 \
+     WHERE topic = ?1 AND name = ?2 AND seq = ?3 AND state = 'wait' RETURNING attempts";
+
+const DEAD_RECORD: &str =
+    "INSERT INTO gnl_dead_events (topic, name, seq, attempts, error, at, handed_back) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0) ON CONFLICT (topic, name, seq) DO UPDATE \
+     SET attempts = excluded.attempts, error = excluded.error, at = excluded.at, handed_back = 0";
+
+/// The marks of seqs `?3..=?4`.
+const MARKS_IN: &str = "SELECT seq, state FROM gnl_event_marks \
+     WHERE topic = ?1 AND name = ?2 AND seq >= ?3 AND seq <= ?4";
+
+/// The marks past `?3`, in seq order (read until the cursor stops).
+const MARKS_PAST: &str = "SELECT seq, state FROM gnl_event_marks \
+     WHERE topic = ?1 AND name = ?2 AND seq > ?3 ORDER BY seq";
+
+const PASSED_MARKS: &str = "DELETE FROM gnl_event_marks \
+     WHERE topic = ?1 AND name = ?2 AND seq <= ?3 AND state <> 'wait'";
+
+/// A consumer row as its holder reads it (`HOLD`). The span is the fetched batch of fresh
+/// events in flight, kept on the row instead of a mark per event: every event in
+/// `(cursor, hi]` with no mark and `deliver_at <= at` was delivered once and is not settled
+/// (`n` of them; `n = 0`: no span). See docs/DECISIONS.md "Events: the in-flight span".
+struct Held {
+    cursor: i64,
+    hi: i64,
+    at: i64,
+    n: i64,
+}
+
+fn hold(db: &mut Db, topic: &str, name: &str, token: i64, now: i64) -> Result<Option<Held>> {
+    let args = [topic.into(), name.into(), token.into(), now.into()];
+    Ok(db
+        .rows(HOLD, &args, true)?
+        .into_iter()
+        .next()
+        .map(|r| Held {
+            cursor: r[0].int(),
+            hi: r[1].int(),
+            at: r[2].int(),
+            n: r[3].int(),
+        }))
+}
+
+/// Turn a live span into `wait` marks (its holder died, or settled only part of it).
+fn span_to_marks(db: &mut Db, topic: &str, name: &str, h: &Held, now: i64) -> Result<()> {
+    let args = [
+        topic.into(),
+        name.into(),
+        h.cursor.into(),
+        h.hi.into(),
+        h.at.into(),
+        now.into(),
+    ];
+    db.exec(SPAN_TO_MARKS, &args, true)?;
+    Ok(())
+}
+
+fn set_span(db: &mut Db, topic: &str, name: &str, span: [i64; 3], cursor: i64) -> Result<()> {
+    let args = [
+        topic.into(),
+        name.into(),
+        span[0].into(),
+        span[1].into(),
+        span[2].into(),
+        cursor.into(),
+    ];
+    db.exec(SET_SPAN, &args, true)?;
+    Ok(())
+}
+
+/// A mark on a span's event (which has none): `state` with attempts 1, due at `due`.
+fn new_mark(db: &mut Db, key: [Val; 3], state: &str, due: i64, error: Option<&str>) -> Result<()> {
+    let [t, n, s] = key;
+    let args = [t, n, s, state.into(), Val::Int(1), due.into(), error.into()];
+    db.exec(NEW_MARK, &args, true)?;
+    Ok(())
+}
+
+fn fetch_tx(
+    db: &mut Db,
+    topic: &str,
+    name: &str,
+    token: i64,
+    limit: i64,
+    now: i64,
+) -> Result<Option<Vec<EventRow>>> {
+    let Some(h) = hold(db, topic, name, token, now)? else {
+        return Ok(None);
+    };
+    if h.n > 0 {
+        span_to_marks(db, topic, name, &h, now)?;
     }
+    let args = [
+        topic.into(),
+        name.into(),
+        h.cursor.into(),
+        now.into(),
+        limit.clamp(1, MAX_FETCH).into(),
+    ];
+    let mut marked = vec![];
+    let due: Vec<EventRow> = db
+        .rows(CANDIDATES, &args, true)?
+        .into_iter()
+        .map(|r| {
+            let mut r = r.into_iter();
+            let mut next = || r.next().unwrap_or(Val::Null);
+            let (seq, id, org, payload) = (next().int(), next(), next(), next());
+            let (emitted_at, attempts) = (next().int(), next().int());
+            marked.push(next().int() != 0);
+            EventRow {
+                seq,
+                id: id.text().unwrap_or_default(),
+                org: org.text().unwrap_or_default(),
+                payload: payload.text().unwrap_or_default(),
+                emitted_at,
+                attempt: attempts + 1,
+            }
+        })
+        .collect();
+    // `pick` keeps a prefix of the candidates (a redelivery alone, or the fresh events up to
+    // the first redelivery), so every unmarked due event up to the span's last is handed out.
+    let out = pick(due);
+    let (mut hi, mut n) = (0, 0);
+    for (e, &m) in out.iter().zip(&marked) {
+        if m {
+            let args = [
+                topic.into(),
+                name.into(),
+                e.seq.into(),
+                e.attempt.into(),
+                now.into(),
+            ];
+            db.exec(REDELIVERED, &args, true)?;
+        } else {
+            (hi, n) = (e.seq, n + 1);
+        }
+    }
+    if n > 0 || h.n > 0 {
+        set_span(db, topic, name, [hi, now, n], h.cursor)?;
+    }
+    Ok(Some(out))
+}
+
+/// Write `outcomes` for the holder of `token` and move the cursor (`EventStore::event_settle`).
+fn settle_tx(
+    db: &mut Db,
+    topic: &str,
+    name: &str,
+    token: i64,
+    outcomes: &[EventOutcome],
+    now: i64,
+) -> Result<bool> {
+    let Some(h) = hold(db, topic, name, token, now)? else {
+        return Ok(false);
+    };
+    let key = |seq: i64| -> [Val; 3] { [topic.into(), name.into(), seq.into()] };
+    // Which outcomes are of marked events (true: waiting), which of the span's.
+    let mut marks: HashMap<i64, bool> = HashMap::new();
+    let seqs = || outcomes.iter().map(EventOutcome::seq);
+    if let (Some(lo), Some(hi)) = (seqs().min(), seqs().max()) {
+        let args = [topic.into(), name.into(), lo.into(), hi.into()];
+        for r in db.rows(MARKS_IN, &args, true)? {
+            marks.insert(r[0].int(), is_wait(&r[1]));
+        }
+    }
+    let mut accepted = vec![];
+    let mut spanned = HashSet::new();
+    for o in outcomes {
+        let seq = o.seq();
+        let waiting = match marks.get(&seq) {
+            Some(&w) => w,
+            None if h.n > 0 && h.cursor < seq && seq <= h.hi && spanned.insert(seq) => false,
+            // Settled before, or never delivered: the compare-and-set writes nothing.
+            None => continue,
+        };
+        let (error, retry) = match o {
+            EventOutcome::Accepted { .. } if waiting => {
+                db.exec(MARK_OK, &key(seq), true)?;
+                db.exec(UNDEAD, &key(seq), true)?;
+                continue;
+            }
+            EventOutcome::Accepted { .. } => {
+                accepted.push(seq);
+                continue;
+            }
+            EventOutcome::Failed {
+                error,
+                retry_after_ms,
+                ..
+            } => (error.as_str(), *retry_after_ms),
+        };
+        let [t, nm, sq] = key(seq);
+        match retry {
+            Some(d) if waiting => {
+                let args = [t, nm, sq, now.saturating_add(d).into(), error.into()];
+                db.exec(MARK_RETRY, &args, true)?;
+            }
+            Some(d) => new_mark(db, key(seq), "wait", now.saturating_add(d), Some(error))?,
+            None => {
+                let attempts = if waiting {
+                    let rows = db.rows(MARK_DEAD, &[t, nm, sq, error.into()], true)?;
+                    rows.into_iter().next().map(|r| r[0].int())
+                } else {
+                    new_mark(db, key(seq), "dead", now, Some(error))?;
+                    Some(1)
+                };
+                if let Some(a) = attempts {
+                    let [t, nm, sq] = key(seq);
+                    let args = [t, nm, sq, a.into(), error.into(), now.into()];
+                    db.exec(DEAD_RECORD, &args, true)?;
+                }
+            }
+        }
+    }
+    if h.n > 0 && (spanned.len() as i64) < h.n {
+        // Part of the span was not settled (the holder lost its lease mid-batch): its accepted
+        // events get marks, the rest `wait` marks (their attempt was counted at the fetch).
+        for &seq in &accepted {
+            new_mark(db, key(seq), "ok", now, None)?;
+        }
+        accepted.clear();
+        span_to_marks(db, topic, name, &h, now)?;
+    }
+    let (cursor, passed_marks) = next_cursor_db(db, topic, name, h.cursor, &mut accepted)?;
+    if cursor != h.cursor || h.n > 0 {
+        set_span(db, topic, name, [0, 0, 0], cursor)?;
+    }
+    // Accepted events the cursor could not pass (a retry or a not-yet-due event holds it).
+    for &seq in accepted.iter().filter(|&&s| s > cursor) {
+        new_mark(db, key(seq), "ok", now, None)?;
+    }
+    if passed_marks || outcomes.iter().any(|o| o.seq() <= h.cursor) {
+        db.exec(
+            PASSED_MARKS,
+            &[topic.into(), name.into(), cursor.into()],
+            true,
+        )?;
+    }
+    Ok(true)
+}
+
+fn is_wait(state: &Val) -> bool {
+    matches!(state, Val::Text(s) if s == "wait")
+}
+
+/// The cursor after a settle, and whether it passed marks: it passes `accepted` (span events
+/// with no mark, sorted here) and accepted or quarantined marks, up to the first event that is
+/// neither. Seqs are gapless (every seq up to the last visible one is an event), so only the
+/// marks past the cursor are read, and only as far as the cursor goes.
+fn next_cursor_db(
+    db: &mut Db,
+    topic: &str,
+    name: &str,
+    cursor: i64,
+    accepted: &mut [i64],
+) -> Result<(i64, bool)> {
+    accepted.sort_unstable();
+    let mut acc = accepted.iter().peekable();
+    let mut next = cursor + 1;
+    // Pass accepted span events up to `below`; false when one before it is not accepted.
+    let mut pass = |next: &mut i64, below: i64| {
+        while *next < below {
+            while acc.next_if(|&&a| a < *next).is_some() {}
+            if acc.next_if(|&&a| a == *next).is_none() {
+                return false;
+            }
+            *next += 1;
+        }
+        true
+    };
+    let (mut passed_marks, mut open) = (false, false);
+    let args = [topic.into(), name.into(), cursor.into()];
+    db.each(MARKS_PAST, &args, true, |r| {
+        let seq = r[0].int();
+        if !pass(&mut next, seq) || (seq == next && is_wait(&r[1])) {
+            open = true;
+            return false;
+        }
+        if seq == next {
+            passed_marks = true;
+            next += 1;
+        }
+        true
+    })?;
+    if !open {
+        pass(&mut next, i64::MAX);
+    }
+    Ok((next - 1, passed_marks))
 }
 
 #[async_trait]
@@ -151,57 +465,9 @@ impl EventStore for SqliteStore {
         token: i64,
         limit: i64,
     ) -> Result<Option<Vec<EventRow>>> {
-        let _w = self.write.lock().await;
-        let mut tx = self.begin_write().await?;
-        // The clock once the write lock is held: every event committed before is due by now.
-        let now = self.clock_ms();
-        self.counted(1);
-        let Some(cursor) = Self::hold(&mut tx, topic, name, token, now).await? else {
-            self.counted(1);
-            tx.rollback().await?;
-            return Ok(None);
-        };
-        self.counted(1);
-        let due: Vec<EventRow> = sqlx::query(CANDIDATES)
-            .bind(topic)
-            .bind(name)
-            .bind(cursor)
-            .bind(now)
-            .bind(limit.clamp(1, MAX_FETCH))
-            .fetch_all(&mut *tx)
-            .await?
-            .iter()
-            .map(|r| EventRow {
-                seq: r.get(0),
-                id: r.get(1),
-                org: r.get(2),
-                payload: r.get(3),
-                emitted_at: r.get(4),
-                attempt: r.get::<i64, _>(5) + 1,
-            })
-            .collect();
-        let out = pick(due);
-        if !out.is_empty() {
-            let sql = format!(
-                "INSERT INTO gnl_event_marks (topic, name, seq, state, attempts, due_at) VALUES {} \
-                 ON CONFLICT (topic, name, seq) DO UPDATE SET attempts = excluded.attempts, \
-                 state = 'wait', due_at = excluded.due_at",
-                vec!["(?, ?, ?, 'wait', ?, ?)"; out.len()].join(", ")
-            );
-            let mut q = sqlx::query(&sql);
-            for e in &out {
-                q = q
-                    .bind(topic)
-                    .bind(name)
-                    .bind(e.seq)
-                    .bind(e.attempt)
-                    .bind(now);
-            }
-            self.counted(1);
-            q.execute(&mut *tx).await?;
-        }
-        self.commit(tx).await?;
-        Ok(Some(out))
+        let (topic, name) = (topic.to_string(), name.to_string());
+        self.on_raw(move |db, now| db.write(|db| fetch_tx(db, &topic, &name, token, limit, now)))
+            .await
     }
 
     async fn event_settle(
@@ -211,123 +477,31 @@ impl EventStore for SqliteStore {
         token: i64,
         outcomes: &[EventOutcome],
     ) -> Result<bool> {
-        let _w = self.write.lock().await;
-        let mut tx = self.begin_write().await?;
-        // The clock once the write lock is held: every event committed before is due by now.
-        let now = self.clock_ms();
-        self.counted(1);
-        let Some(cursor) = Self::hold(&mut tx, topic, name, token, now).await? else {
-            self.counted(1);
-            tx.rollback().await?;
-            return Ok(false);
-        };
-        let accepted = accepted_seqs(outcomes);
-        for chunk in accepted.chunks((self.var_limit - 2).max(1)) {
-            let list = vec!["?"; chunk.len()].join(", ");
-            for sql in [
-                format!("UPDATE gnl_event_marks SET state = 'ok', error = NULL WHERE topic = ? AND name = ? AND state = 'wait' AND seq IN ({list})"),
-                format!("DELETE FROM gnl_dead_events WHERE topic = ? AND name = ? AND seq IN ({list})"),
-            ] {
-                let mut q = sqlx::query(&sql).bind(topic).bind(name);
-                for s in chunk {
-                    q = q.bind(*s);
-                }
-                self.counted(1);
-                q.execute(&mut *tx).await?;
-            }
-        }
-        for o in outcomes {
-            let EventOutcome::Failed {
-                seq,
-                error,
-                retry_after_ms,
-            } = o
-            else {
-                continue;
-            };
-            self.counted(1);
-            match retry_after_ms {
-                Some(d) => {
-                    sqlx::query(
-                        "UPDATE gnl_event_marks SET due_at = ?4, error = ?5 \
-                         WHERE topic = ?1 AND name = ?2 AND seq = ?3 AND state = 'wait'",
-                    )
-                    .bind(topic)
-                    .bind(name)
-                    .bind(seq)
-                    .bind(now.saturating_add(*d))
-                    .bind(error)
-                    .execute(&mut *tx)
-                    .await?;
-                }
-                None => {
-                    let attempts: Option<i64> = sqlx::query_scalar(
-                        "UPDATE gnl_event_marks SET state = 'dead', error = ?4 \
-                         WHERE topic = ?1 AND name = ?2 AND seq = ?3 AND state = 'wait' RETURNING attempts",
-                    )
-                    .bind(topic)
-                    .bind(name)
-                    .bind(seq)
-                    .bind(error)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-                    if let Some(a) = attempts {
-                        self.counted(1);
-                        sqlx::query(
-                            "INSERT INTO gnl_dead_events (topic, name, seq, attempts, error, at, handed_back) \
-                             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0) ON CONFLICT (topic, name, seq) DO UPDATE \
-                             SET attempts = excluded.attempts, error = excluded.error, at = excluded.at, \
-                             handed_back = 0",
-                        )
-                        .bind(topic)
-                        .bind(name)
-                        .bind(seq)
-                        .bind(a)
-                        .bind(error)
-                        .bind(now)
-                        .execute(&mut *tx)
-                        .await?;
-                    }
-                }
-            }
-        }
-        self.counted(1);
-        let row = sqlx::query(
-            "SELECT (SELECT e.seq FROM gnl_events e LEFT JOIN gnl_event_marks m \
-                       ON m.topic = e.topic AND m.name = ?2 AND m.seq = e.seq \
-                     WHERE e.topic = ?1 AND e.seq > ?3 AND (m.seq IS NULL OR m.state = 'wait') \
-                     ORDER BY e.seq LIMIT 1), \
-                    (SELECT max(seq) FROM gnl_event_marks \
-                     WHERE topic = ?1 AND name = ?2 AND seq > ?3 AND state <> 'wait')",
-        )
-        .bind(topic)
-        .bind(name)
-        .bind(cursor)
-        .fetch_one(&mut *tx)
-        .await?;
-        let next = next_cursor(cursor, row.get(0), row.get(1));
-        if next > cursor {
-            self.counted(1);
-            sqlx::query("UPDATE gnl_consumers SET cursor_seq = ?3 WHERE topic = ?1 AND name = ?2")
-                .bind(topic)
-                .bind(name)
-                .bind(next)
-                .execute(&mut *tx)
-                .await?;
-        }
-        if next > cursor || outcomes.iter().any(|o| o.seq() <= cursor) {
-            self.counted(1);
-            sqlx::query(
-                "DELETE FROM gnl_event_marks WHERE topic = ?1 AND name = ?2 AND seq <= ?3 AND state <> 'wait'",
-            )
-            .bind(topic)
-            .bind(name)
-            .bind(next)
-            .execute(&mut *tx)
-            .await?;
-        }
-        self.commit(tx).await?;
-        Ok(true)
+        let (topic, name, outcomes) = (topic.to_string(), name.to_string(), outcomes.to_vec());
+        self.on_raw(move |db, now| {
+            db.write(|db| settle_tx(db, &topic, &name, token, &outcomes, now))
+        })
+        .await
+    }
+
+    fn event_fetch_now(
+        &self,
+        topic: &str,
+        name: &str,
+        token: i64,
+        limit: i64,
+    ) -> Option<Result<Option<Vec<EventRow>>>> {
+        self.on_raw_now(|db, now| db.write(|db| fetch_tx(db, topic, name, token, limit, now)))
+    }
+
+    fn event_settle_now(
+        &self,
+        topic: &str,
+        name: &str,
+        token: i64,
+        outcomes: &[EventOutcome],
+    ) -> Option<Result<bool>> {
+        self.on_raw_now(|db, now| db.write(|db| settle_tx(db, topic, name, token, outcomes, now)))
     }
 
     async fn consumer_lag(&self, topic: &str, name: &str) -> Result<Option<ConsumerLag>> {

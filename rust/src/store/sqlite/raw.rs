@@ -220,6 +220,23 @@ impl Db {
     /// Run `sql` with `args` and return its rows. `keep`: keep the prepared statement for
     /// the next call with the same text (a statement whose text is made per call is not).
     pub(super) fn rows(&mut self, sql: &str, args: &[Val], keep: bool) -> Result<Vec<Vec<Val>>> {
+        let mut rows = Vec::new();
+        self.each(sql, args, keep, |row| {
+            rows.push(row);
+            true
+        })?;
+        Ok(rows)
+    }
+
+    /// Run `sql` with `args`, handing its rows to `f` one at a time until `f` answers false
+    /// (the rest are never read). `keep` as for `rows`.
+    pub(super) fn each(
+        &mut self,
+        sql: &str,
+        args: &[Val],
+        keep: bool,
+        mut f: impl FnMut(Vec<Val>) -> bool,
+    ) -> Result<()> {
         self.count += 1;
         let st = match self.kept.get(sql) {
             Some(&st) => st,
@@ -278,7 +295,6 @@ impl Db {
                     break;
                 }
             }
-            let mut rows = Vec::new();
             if rc == ffi::SQLITE_OK {
                 let n = ffi::sqlite3_column_count(st);
                 loop {
@@ -303,11 +319,14 @@ impl Db {
                             }
                         });
                     }
-                    rows.push(row);
+                    if !f(row) {
+                        rc = ffi::SQLITE_DONE;
+                        break;
+                    }
                 }
             }
             let r = if rc == ffi::SQLITE_DONE {
-                Ok(rows)
+                Ok(())
             } else {
                 Err(self.error(rc))
             };

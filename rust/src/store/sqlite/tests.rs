@@ -262,3 +262,50 @@ async fn the_fast_path_records_new_steps_and_leaves_the_rest_to_the_pool() {
     // An in-memory store has no fast path.
     assert_eq!(store().await.step_put_now("r", "a", 0, 0, "1"), None);
 }
+
+/// Issue 12: a fetched batch is kept as a span on the consumer row (no mark per event), and a
+/// not-yet-due event inside its range was not delivered. When the holder dies and the event
+/// becomes due (the store's clock stepped on through the test seam), the next holder gets the
+/// batch's events back as attempt 2 each, one at a time, and that event as its first attempt.
+#[tokio::test]
+async fn a_not_yet_due_event_inside_a_dead_holders_batch_keeps_its_first_attempt() {
+    use crate::store::events::{EventOutcome, EventStore};
+    use crate::store::sqlite::SqliteStore;
+    use crate::store::url::SqliteTarget;
+    let s = SqliteStore::connect(SqliteTarget::Memory, 1, true)
+        .await
+        .unwrap();
+    s.migrate().await.unwrap();
+    let mut b = JobBatch::default();
+    b.push("", "now1", "", "1", Due::Now, None);
+    b.push("", "later", "", "2", Due::After(3_600_000), None);
+    b.push("", "now2", "", "3", Due::Now, None);
+    s.emit("t", &b).await.unwrap();
+    assert!(s.consumer_open("t", "c", 1).await.unwrap());
+    let rows = s.event_fetch("t", "c", 1, 10).await.unwrap().unwrap();
+    assert_eq!(rows.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 3]);
+    // The holder dies; an hour later the next one takes over.
+    s.step_clock(2 * 3_600_000);
+    assert!(s.consumer_open("t", "c", 2).await.unwrap());
+    let mut got = vec![];
+    loop {
+        let rows = s.event_fetch("t", "c", 2, 10).await.unwrap().unwrap();
+        if rows.is_empty() {
+            break;
+        }
+        got.push(
+            rows.iter()
+                .map(|e| (e.id.clone(), e.attempt))
+                .collect::<Vec<_>>(),
+        );
+        let outs: Vec<EventOutcome> = rows
+            .iter()
+            .map(|e| EventOutcome::Accepted { seq: e.seq })
+            .collect();
+        assert!(s.event_settle("t", "c", 2, &outs).await.unwrap());
+    }
+    let want = |id: &str, a| vec![(id.to_string(), a)];
+    assert_eq!(got, [want("now1", 2), want("later", 1), want("now2", 2)]);
+    let lag = s.consumer_lag("t", "c").await.unwrap().unwrap();
+    assert_eq!((lag.cursor, lag.behind), (3, 0));
+}

@@ -20,6 +20,9 @@ on_every_engine! {
         a_not_yet_due_event_holds_the_cursor_not_the_events_behind_it,
         a_stale_holder_is_fenced_off,
         a_redelivered_event_goes_out_alone,
+        the_unsettled_rest_of_a_batch_comes_back_counted,
+        a_settle_written_again_changes_nothing,
+        a_handed_back_event_goes_out_with_fresh_ones,
     ],
     servers: [],
     store_and_url: [
@@ -44,6 +47,21 @@ fn accept(rows: &[EventRow]) -> Vec<EventOutcome> {
     rows.iter()
         .map(|e| EventOutcome::Accepted { seq: e.seq })
         .collect()
+}
+
+/// Nothing is due for consumer `c` of `t` (holding token 1).
+async fn nothing_due(s: &Arc<dyn Store>) {
+    let rows = s.event_fetch("t", "c", 1, 100).await.unwrap().unwrap();
+    assert!(rows.is_empty(), "due: {:?}", ids(&rows));
+}
+
+/// Consumer `c` of `t` has no quarantine record.
+async fn no_dead(s: &Arc<dyn Store>) {
+    assert!(s
+        .dead_events("t", "c", 0, i64::MAX)
+        .await
+        .unwrap()
+        .is_empty());
 }
 
 /// Fetch and accept everything due for `(topic, name)` holding `token`; the ids in order.
@@ -108,11 +126,6 @@ pub async fn a_failing_event_holds_the_cursor_then_is_quarantined_and_handed_bac
     s.emit("t", &batch(&["a", "poison", "c"])).await.unwrap();
     assert!(s.consumer_open("t", "c", 1).await.unwrap());
     let rows = s.event_fetch("t", "c", 1, 100).await.unwrap().unwrap();
-    let fail = |seq, retry| EventOutcome::Failed {
-        seq,
-        error: "boom".into(),
-        retry_after_ms: retry,
-    };
     let outs = vec![
         EventOutcome::Accepted { seq: 1 },
         fail(2, Some(60_000)),
@@ -123,12 +136,7 @@ pub async fn a_failing_event_holds_the_cursor_then_is_quarantined_and_handed_bac
     // The waiting event holds the cursor; nothing is due.
     let lag = s.consumer_lag("t", "c").await.unwrap().unwrap();
     assert_eq!((lag.cursor, lag.behind), (1, 1));
-    assert!(s
-        .event_fetch("t", "c", 1, 100)
-        .await
-        .unwrap()
-        .unwrap()
-        .is_empty());
+    nothing_due(&s).await;
     // Due again: delivered alone, attempt 2, then quarantined; the cursor moves on.
     s.emit("t", &batch(&["d"])).await.unwrap();
     // A retry due at once.
@@ -183,18 +191,9 @@ pub async fn a_failing_event_holds_the_cursor_then_is_quarantined_and_handed_bac
         (vec!["poison".to_string()], 1)
     );
     assert!(s.event_settle("t", "c", 1, &accept(&rows)).await.unwrap());
-    assert!(s
-        .dead_events("t", "c", 0, i64::MAX)
-        .await
-        .unwrap()
-        .is_empty());
+    no_dead(&s).await;
     assert!(!s.dead_retry("t", "c", "poison").await.unwrap());
-    assert!(s
-        .event_fetch("t", "c", 1, 100)
-        .await
-        .unwrap()
-        .unwrap()
-        .is_empty());
+    nothing_due(&s).await;
     let lag = s.consumer_lag("t", "c").await.unwrap().unwrap();
     assert_eq!((lag.cursor, lag.behind, lag.dead), (4, 0, 0));
 }
@@ -211,12 +210,7 @@ pub async fn a_not_yet_due_event_holds_the_cursor_not_the_events_behind_it(s: Ar
     assert!(s.event_settle("t", "c", 1, &accept(&rows)).await.unwrap());
     let lag = s.consumer_lag("t", "c").await.unwrap().unwrap();
     assert_eq!((lag.cursor, lag.behind), (1, 1));
-    assert!(s
-        .event_fetch("t", "c", 1, 100)
-        .await
-        .unwrap()
-        .unwrap()
-        .is_empty());
+    nothing_due(&s).await;
 }
 
 pub async fn a_stale_holder_is_fenced_off(s: Arc<dyn Store>) {
@@ -248,6 +242,110 @@ pub async fn a_redelivered_event_goes_out_alone(s: Arc<dyn Store>) {
     assert_eq!((ids(&rows), rows[0].attempt), (vec!["a".to_string()], 2));
     assert!(s.event_settle("t", "c", 2, &accept(&rows)).await.unwrap());
     assert_eq!(consume_all(&s, "t", "c", 2).await, ["b", "c"]);
+}
+
+fn fail(seq: i64, retry: Option<i64>) -> EventOutcome {
+    EventOutcome::Failed {
+        seq,
+        error: "boom".into(),
+        retry_after_ms: retry,
+    }
+}
+
+/// `(id, attempt)` of each row.
+fn tries(rows: &[EventRow]) -> Vec<(String, i64)> {
+    rows.iter().map(|e| (e.id.clone(), e.attempt)).collect()
+}
+
+/// A holder that settles part of its batch (its lease ran out mid-batch): the rest were
+/// delivered, their attempt counted at the fetch, so they come back one at a time as attempt 2.
+pub async fn the_unsettled_rest_of_a_batch_comes_back_counted(s: Arc<dyn Store>) {
+    s.emit("t", &batch(&["a", "b", "c", "d"])).await.unwrap();
+    assert!(s.consumer_open("t", "c", 1).await.unwrap());
+    assert_eq!(
+        s.event_fetch("t", "c", 1, 10).await.unwrap().unwrap().len(),
+        4
+    );
+    let part = [EventOutcome::Accepted { seq: 1 }, fail(3, Some(-60_000))];
+    assert!(s.event_settle("t", "c", 1, &part).await.unwrap());
+    let lag = s.consumer_lag("t", "c").await.unwrap().unwrap();
+    assert_eq!((lag.cursor, lag.behind), (1, 3));
+    for id in ["b", "c", "d"] {
+        let rows = s.event_fetch("t", "c", 1, 10).await.unwrap().unwrap();
+        assert_eq!(tries(&rows), [(id.to_string(), 2)]);
+        assert!(s.event_settle("t", "c", 1, &accept(&rows)).await.unwrap());
+    }
+    nothing_due(&s).await;
+    let lag = s.consumer_lag("t", "c").await.unwrap().unwrap();
+    assert_eq!((lag.cursor, lag.behind), (4, 0));
+}
+
+/// A settle written twice (the retry of a write whose answer was lost) changes nothing the
+/// second time: nothing is accepted or quarantined twice.
+pub async fn a_settle_written_again_changes_nothing(s: Arc<dyn Store>) {
+    s.emit("t", &batch(&["a", "b", "c"])).await.unwrap();
+    assert!(s.consumer_open("t", "c", 1).await.unwrap());
+    assert_eq!(
+        s.event_fetch("t", "c", 1, 10).await.unwrap().unwrap().len(),
+        3
+    );
+    let outs = [
+        EventOutcome::Accepted { seq: 1 },
+        fail(2, Some(60_000)),
+        EventOutcome::Accepted { seq: 3 },
+    ];
+    for _ in 0..2 {
+        assert!(s.event_settle("t", "c", 1, &outs).await.unwrap());
+        let lag = s.consumer_lag("t", "c").await.unwrap().unwrap();
+        assert_eq!((lag.cursor, lag.behind, lag.dead), (1, 1, 0));
+    }
+    for _ in 0..2 {
+        assert!(s.event_settle("t", "c", 1, &[fail(2, None)]).await.unwrap());
+        let lag = s.consumer_lag("t", "c").await.unwrap().unwrap();
+        assert_eq!((lag.cursor, lag.behind, lag.dead), (3, 0, 1));
+    }
+    let dead = s.dead_events("t", "c", 0, i64::MAX).await.unwrap();
+    assert_eq!(
+        dead.iter().map(|d| (d.seq, d.attempts)).collect::<Vec<_>>(),
+        [(2, 1)]
+    );
+    // The accepted ones again, once passed: nothing.
+    assert!(s
+        .event_settle("t", "c", 1, &accept_seqs(&[1, 3]))
+        .await
+        .unwrap());
+    s.emit("t", &batch(&["d"])).await.unwrap();
+    assert_eq!(consume_all(&s, "t", "c", 1).await, ["d"]);
+    let lag = s.consumer_lag("t", "c").await.unwrap().unwrap();
+    assert_eq!((lag.cursor, lag.behind, lag.dead), (4, 0, 1));
+}
+
+fn accept_seqs(seqs: &[i64]) -> Vec<EventOutcome> {
+    seqs.iter()
+        .map(|&seq| EventOutcome::Accepted { seq })
+        .collect()
+}
+
+/// A handed-back event (below the cursor) goes out in one batch with fresh events, each as a
+/// first attempt; accepting them removes the quarantine record and passes the cursor on.
+pub async fn a_handed_back_event_goes_out_with_fresh_ones(s: Arc<dyn Store>) {
+    s.emit("t", &batch(&["a", "b"])).await.unwrap();
+    assert!(s.consumer_open("t", "c", 1).await.unwrap());
+    assert_eq!(
+        s.event_fetch("t", "c", 1, 10).await.unwrap().unwrap().len(),
+        2
+    );
+    let outs = [fail(1, None), EventOutcome::Accepted { seq: 2 }];
+    assert!(s.event_settle("t", "c", 1, &outs).await.unwrap());
+    assert!(s.dead_retry("t", "c", "a").await.unwrap());
+    s.emit("t", &batch(&["c"])).await.unwrap();
+    let rows = s.event_fetch("t", "c", 1, 10).await.unwrap().unwrap();
+    assert_eq!(tries(&rows), [("a".to_string(), 1), ("c".to_string(), 1)]);
+    assert!(s.event_settle("t", "c", 1, &accept(&rows)).await.unwrap());
+    no_dead(&s).await;
+    let lag = s.consumer_lag("t", "c").await.unwrap().unwrap();
+    assert_eq!((lag.cursor, lag.behind, lag.dead), (3, 0, 0));
+    nothing_due(&s).await;
 }
 
 /// A producer in the middle of an emit, on a connection of its own (`pool`): it holds the
