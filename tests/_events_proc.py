@@ -5,9 +5,10 @@ one ``write(2)`` on an ``O_APPEND`` descriptor: it is in the file once the call 
 if the process is SIGKILLed right after. Topic ``t`` throughout.
 
 Modes:
-  produce P N  wait for ``DIR/go``, then emit N events ``p<P>-<k>`` (payload ``{"p": P, "k":
-        k}``) in order: every 5th call an ``emit_many`` of 3 (``p<P>-<k>`` … ``p<P>-<k+2>``),
-        the others single ``emit`` calls, a random pause of 0-3 ms between calls. Writes
+  produce P N  connect, write ``R P``, wait for ``DIR/go``, then emit N events ``p<P>-<k>``
+        (payload ``{"p": P, "k": k}``) in order: every 5th call an ``emit_many`` of 3
+        (``p<P>-<k>`` … ``p<P>-<k+2>``), the others single ``emit`` calls, a random pause of
+        0-3 ms between calls. Writes
         ``E id`` after each call returned for each of its events, ``D P`` at the end.
   emit ID...  emit one event per ID (payload ``{"id": ID}``), in order, each its own call;
         writes ``E id`` after each returned.
@@ -37,6 +38,7 @@ TOPIC = "t"
 
 async def produce(url: str, tmp: Path, p: int, n: int) -> None:
     async with await gnl.connect(url) as st:
+        record("R", p)
         await wait_file(tmp / "go")
         k, call = 0, 0
         while k < n:

@@ -192,6 +192,9 @@ def test_three_producers_two_names_each_event_once_in_log_order(
         wait_for(lambda: len(lines(tmp_path, "S")) == 4)
         for p in range(3):
             spawn("produce", str(p), str(n))
+        # Every producer connected before any starts (on a loaded machine one process's start-up
+        # can outlast another's 150 emits, and the log would not interleave).
+        wait_for(lambda: len(lines(tmp_path, "R")) == 3)
         holder = threading.Thread(target=hold_producer_transactions)
         holder.start()
         (tmp_path / "go").touch()
