@@ -207,8 +207,12 @@ async def test_critical_runs_refuse_a_second_executor(storage: gnl.Storage) -> N
     with pytest.raises(gnl.RunBusyError) as busy:
         await g.run_workflow("wf", run_id="r")
     assert busy.value.at_lock_acquisition is True
+
     # Another run id is not locked; <run_id>:fire is another key.
-    plain = gnl.create_gnl(storage, {"wf": lambda ctx, i: asyncio.sleep(0, "ok")})
+    async def ok(ctx: gnl.WorkflowContext, input: Any) -> str:
+        return "ok"
+
+    plain = gnl.create_gnl(storage, {"wf": ok})
     assert await plain.run_workflow("wf", run_id="r:fire", preset="critical") == "ok"
     release.set()
     assert await first == "once"

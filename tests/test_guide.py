@@ -6,6 +6,10 @@ directory (so ``sqlite:///jobs.db`` is a new store), with ``GNL_URL`` unset. A b
 ``GNL_URL`` also runs once per backend with ``GNL_URL`` pointing at a fresh store of it. A failing
 example fails the suite; its traceback names the page and the page's line.
 
+A ``print(...)  # => TEXT`` line states what the example prints: the run's output must hold
+each such ``TEXT`` as a whole line, in the order of the code (a print in a loop may print more
+lines between them). Other comments after a ``print`` describe the output and are not checked.
+
 Other fences (``console``, ``text``, ``toml``) are not run: keep Python in ``python`` blocks.
 """
 
@@ -69,9 +73,26 @@ EXAMPLES = [e for p in PAGES for e in examples_of(p)]
 URL_EXAMPLES = [e for e in EXAMPLES if "GNL_URL" in e.code]
 
 
-def run_example(example: Example) -> None:
+_STATED = re.compile(r"^\s*print\(.*\)  # => (?P<text>.*)$")
+
+
+def stated_output(example: Example) -> list[str]:
+    """The ``# => TEXT`` of the example's ``print`` lines, in the order of the code."""
+    return [m["text"].rstrip() for ln in example.code.splitlines() if (m := _STATED.match(ln))]
+
+
+def run_example(example: Example, capsys: pytest.CaptureFixture[str]) -> None:
     code = compile(example.code, str(DOCS / example.page), "exec")
     exec(code, {"__name__": "__main__", "__file__": str(DOCS / example.page)})
+    printed = [ln.rstrip() for ln in capsys.readouterr().out.splitlines()]
+    at = 0
+    for want in stated_output(example):
+        while at < len(printed) and printed[at] != want:
+            at += 1
+        assert at < len(printed), (
+            f"{example.id}: the page says it prints {want!r}; it printed {printed!r}"
+        )
+        at += 1
 
 
 @pytest.fixture
@@ -85,6 +106,13 @@ def test_the_guide_has_examples() -> None:
     # An extractor that found nothing would make the tests below pass by not existing.
     assert len(EXAMPLES) >= 15, [e.id for e in EXAMPLES]
     assert URL_EXAMPLES, "no example reads GNL_URL: the engine page's example is gone"
+
+
+def test_stated_output_is_read_from_print_lines() -> None:
+    ex = Example("p.md", 1, "print(1)  # => 1\nprint(x)  # the clock\n    print(a, b)  # => a b\n")
+    assert stated_output(ex) == ["1", "a b"]
+    # Some pages state what they print: a checker that read none would check nothing.
+    assert sum(len(stated_output(e)) for e in EXAMPLES) >= 10
 
 
 def test_the_extractor_reads_fences_as_markdown_does(tmp_path: Path) -> None:
@@ -101,8 +129,10 @@ def test_the_extractor_reads_fences_as_markdown_does(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda e: e.id)
-def test_guide_example_runs(example: Example, in_tmp_dir: Path) -> None:
-    run_example(example)
+def test_guide_example_runs(
+    example: Example, in_tmp_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_example(example, capsys)
 
 
 @pytest.mark.parametrize("example", URL_EXAMPLES, ids=lambda e: e.id)
@@ -111,6 +141,7 @@ def test_guide_example_runs_on_each_backend(
     store_url: Callable[[], str],
     in_tmp_dir: Path,
     monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setenv("GNL_URL", store_url())
-    run_example(example)
+    run_example(example, capsys)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from typing import Any
@@ -917,3 +918,46 @@ async def test_workers_with_disjoint_handlers_run_only_their_own_types(
     # A worker with the handler runs it.
     fax_worker = gnl.create_worker(storage, {"fax": noop})
     assert await fax_worker.drain() == gnl.DrainResult(processed=1, succeeded=1, failed=0)
+
+
+async def test_a_plain_function_is_refused_as_a_handler_and_nothing_runs(
+    storage: gnl.Storage,
+) -> None:
+    # A plain function where gnl awaits a handler would run its side effect, then fail the
+    # attempt ("can't be used in 'await' expression") and repeat the effect on every retry.
+    effects: list[str] = []
+
+    def sync_handler(payload: Any, ctx: Any) -> None:
+        effects.append("ran")
+
+    async def async_handler(payload: Any, ctx: Any) -> None:
+        effects.append("async ran")
+
+    class AsyncCallable:
+        async def __call__(self, payload: Any, ctx: Any) -> None:
+            effects.append("callable ran")
+
+    await gnl.enqueue(storage, "t", {}, id="sync-1")
+    for bad in (sync_handler, lambda p, c: None, print):
+        with pytest.raises(TypeError, match=r"the handler for 't' must be an async function"):
+            gnl.create_worker(storage, {"t": bad})  # type: ignore[dict-item]
+    with pytest.raises(TypeError, match="workflow 'w' must be an async function"):
+        gnl.create_gnl(storage, {"w": lambda ctx, i: 1})
+    with pytest.raises(TypeError, match="the handler of consumer 'c' must be an async function"):
+        gnl.create_consumer(storage, "topic", sync_handler, name="c")
+    app = gnl.App()
+    with pytest.raises(TypeError, match="the handler of 'j' must be an async function"):
+        app.job("j")(sync_handler)
+    with pytest.raises(TypeError, match="a workflow must be an async function"):
+        app.workflow("wf")(lambda ctx, i: 1)
+    with pytest.raises(TypeError, match="the handler of consumer 'c' must be an async function"):
+        app.consumer("topic", name="c")(sync_handler)
+    assert effects == []
+    job = await gnl.get_job(storage, "sync-1")
+    assert job is not None and (job.state, job.attempts) == ("pending", 0)
+
+    # An async function, a partial of one and an object with an async __call__ are handlers.
+    for good in (async_handler, functools.partial(async_handler), AsyncCallable()):
+        assert isinstance(gnl.create_worker(storage, {"t": good}), gnl.Worker)
+    assert (await gnl.create_worker(storage, {"t": AsyncCallable()}).drain()).succeeded == 1
+    assert effects == ["callable ran"]

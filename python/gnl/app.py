@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
+from ._callables import require_async
 from ._time import MAX_DURATION_MS, check_int
 from .durable import Gnl, Workflow, WorkflowWaker, create_workflow_waker
 from .errors import (
@@ -222,7 +223,7 @@ class App:
             The decorator; it returns the handler unchanged.
 
         Raises:
-            TypeError: ``type`` is not a str, or the decorated object is not callable.
+            TypeError: ``type`` is not a str, or the decorated object is not an ``async`` function.
             InvalidArgumentError: an empty or already declared type, or an option out of
                 range (checked here, as :func:`gnl.create_worker` checks it).
         """
@@ -242,8 +243,7 @@ class App:
         _check_worker_options(options)
 
         def decorate(fn: F) -> F:
-            if not callable(fn):
-                raise TypeError(f"the handler of {type!r} is not callable")
+            require_async(fn, f"the handler of {type!r}")
             if type in self._jobs:
                 raise InvalidArgumentError(f"job type {type!r} is declared twice")
             self._jobs[type] = _JobDecl(type, fn, tuple(options.items()))
@@ -259,15 +259,14 @@ class App:
                 function's ``__name__``.
 
         Raises:
-            TypeError: ``name`` is not a str, or the decorated object is not callable.
+            TypeError: ``name`` is not a str, or the decorated object is not an ``async`` function.
             InvalidArgumentError: an empty or already declared name.
         """
         if name is not None:
             _check_name(name, "name")
 
         def decorate(fn: F) -> F:
-            if not callable(fn):
-                raise TypeError("a workflow must be an async function (ctx, input)")
+            require_async(fn, "a workflow")
             key = name if name is not None else getattr(fn, "__name__", "")
             _check_name(key, "name")
             if key in self._workflows:
@@ -372,8 +371,7 @@ class App:
         }
 
         def decorate(fn: F) -> F:
-            if not callable(fn):
-                raise TypeError(f"the handler of consumer {name!r} is not callable")
+            require_async(fn, f"the handler of consumer {name!r}")
             if (topic, name) in self._consumers:
                 raise InvalidArgumentError(
                     f"consumer {name!r} of topic {topic!r} is declared twice"

@@ -38,6 +38,7 @@ from datetime import datetime
 from typing import Any
 
 from . import _native
+from ._callables import require_async
 from ._time import MAX_DURATION_MS, check_int, to_ms
 from .errors import (
     GnlError,
@@ -710,7 +711,7 @@ def create_gnl(
         A :class:`Gnl` (the runner the scheduler and :func:`create_workflow_waker` take).
 
     Raises:
-        TypeError: a workflow is not callable or a name is not a str.
+        TypeError: a workflow is not an ``async`` function or a name is not a str.
         InvalidArgumentError: an empty workflow name, an unknown preset, ``lease_ms`` < 3.
     """
     journal = _journal_of(storage)
@@ -720,8 +721,7 @@ def create_gnl(
             raise TypeError(f"workflow names must be str, not {type(k).__name__}")
         if not k:
             raise InvalidArgumentError("workflow names must be non-empty")
-        if not callable(v):
-            raise TypeError(f"workflow {k!r} is not callable")
+        require_async(v, f"workflow {k!r}")
     if preset not in PRESETS:
         raise InvalidArgumentError(f"preset must be None or 'critical', got {preset!r}")
     check_int(lease_ms, "lease_ms", 3, MAX_DURATION_MS)

@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from . import _native, _wake
+from ._callables import require_async
 from ._time import MAX_DURATION_MS, check_int
 from .durable import _age_ms
 from .errors import InvalidArgumentError, InvalidJobError
@@ -688,8 +689,7 @@ def create_consumer(
         TypeError: an argument of the wrong type.
         InvalidArgumentError: a bad value (empty topic or name, max_attempts < 1, ...).
     """
-    if not callable(handler):
-        raise TypeError("handler must be an async function (payload, meta)")
+    require_async(handler, f"the handler of consumer {name!r}")
     _native.event_lease_key(topic, name)  # checks topic and name
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, (int, float)):
         raise TypeError(

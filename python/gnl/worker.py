@@ -20,6 +20,7 @@ from types import TracebackType
 from typing import Any
 
 from . import _native, _wake, durable
+from ._callables import require_async
 from ._time import MAX_DURATION_MS, check_int
 from .errors import ExecutionRevokedError, GnlError, InvalidArgumentError, StoreUnavailableError
 from .signal import RevocationSignal
@@ -171,12 +172,11 @@ class JobContext:
             The workflow's return value (the recorded one when an earlier attempt finished).
 
         Raises:
-            TypeError: ``workflow`` is not callable or ``input`` is not JSON.
+            TypeError: ``workflow`` is not an ``async`` function or ``input`` is not JSON.
             GnlError: ``run`` was called twice in one handler call.
             Exception: whatever the workflow raised (the attempt fails; the next resumes).
         """
-        if not callable(workflow):
-            raise TypeError(f"workflow must be callable, not {type(workflow).__name__}")
+        require_async(workflow, "workflow")
         steps = self._journal_steps()
         if steps.recorded is not None:
             raise GnlError("ctx.run may be called once per handler call")
@@ -797,7 +797,8 @@ def create_worker(
         name: Recorded as the lease holder; default ``host:pid:random``.
 
     Raises:
-        TypeError: an argument of the wrong type (a handler that is not callable).
+        TypeError: an argument of the wrong type (a handler that is not an ``async``
+            function: a plain one would run its side effects, then fail every attempt).
         InvalidArgumentError: a value out of range.
     """
     st = storage_of(storage)
@@ -808,8 +809,7 @@ def create_worker(
     for k, h in handlers.items():
         if not isinstance(k, str):
             raise TypeError(f"handler keys must be job types (str), not {type(k).__name__}")
-        if not callable(h):
-            raise TypeError(f"the handler for {k!r} is not callable")
+        require_async(h, f"the handler for {k!r}")
     check_int(ttl_ms, "ttl_ms", 3, MAX_DURATION_MS)
     check_int(max_attempts, "max_attempts", 1, 1_000_000)
     if max_hold_ms is not None:
