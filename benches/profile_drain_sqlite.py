@@ -1,7 +1,8 @@
 """Where a gnl SQLite drain spends its time: Python side vs waiting on the native core.
 
 Not a bench (no anchor, no bar): a diagnostic for ``bench_drain_sqlite.py``. It seeds N no-op
-jobs (one lane) and drains them with one worker at concurrency C, in one of these modes:
+jobs (over ``ORGS`` organizations, round-robin; default 1: one lane) and drains them with one
+worker at concurrency C, in one of these modes:
 
 * ``split`` (default): times every ``await`` of the native claim (by wrapping the worker's
   private native handle) and reports the share of the drain spent waiting on it, then the
@@ -13,7 +14,11 @@ jobs (one lane) and drains them with one worker at concurrency C, in one of thes
 * ``pyinstrument``: the drain under pyinstrument (``pip install pyinstrument``), lower
   overhead than cProfile.
 
+* ``drain``: the drain alone (for an outside profiler: ``perf record -g -- ...``).
+
     N=10000 C=1 .venv/bin/python benches/profile_drain_sqlite.py split
+    N=10000 C=16 ORGS=50 perf record -g -o /tmp/p.data .venv/bin/python \
+        benches/profile_drain_sqlite.py drain
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import gnl
 
 N = c.env_int("N", 10_000)
 C = c.env_int("C", 1)
+ORGS = c.env_int("ORGS", 1)
 
 
 async def noop(payload: Any, ctx: gnl.JobContext) -> None:
@@ -41,18 +47,35 @@ async def noop(payload: Any, ctx: gnl.JobContext) -> None:
 
 
 async def seed(path: Path) -> None:
-    jobs = [{"type": "noop", "payload": {"i": i}, "options": {"id": f"job:{i}"}} for i in range(N)]
+    jobs = [
+        {
+            "type": "noop",
+            "payload": {"i": i},
+            "options": {"id": f"job:{i}", "org_id": f"org{i % ORGS}" if ORGS > 1 else None},
+        }
+        for i in range(N)
+    ]
     async with await gnl.connect(c.sqlite_url(path)) as storage:
         await gnl.enqueue_many(storage.work, jobs)
 
 
 class TimedClaims:
-    """Wraps a NativeWorker: counts and times the awaits of ``claim``."""
+    """Wraps a NativeWorker: counts and times the awaits of ``claim`` and the calls of
+    ``claim_now`` (a claim run at once on the worker's thread; None: it could not)."""
 
     def __init__(self, native: Any) -> None:
         self._native = native
         self.calls = 0
         self.seconds = 0.0
+        self.now_calls = 0
+        self.now_seconds = 0.0
+
+    def claim_now(self, n: int) -> Any:
+        t0 = time.perf_counter()
+        jobs = self._native.claim_now(n)
+        self.now_seconds += time.perf_counter() - t0
+        self.now_calls += jobs is not None
+        return jobs
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._native, name)
@@ -129,7 +152,7 @@ async def round_trips(path: Path) -> list[str]:
 
 
 def main(mode: str) -> None:
-    c.header(f"profile of a gnl SQLite drain ({mode})", anchor=False, N=N, C=C)
+    c.header(f"profile of a gnl SQLite drain ({mode})", anchor=False, N=N, C=C, ORGS=ORGS)
     work = c.Workdir()
     try:
         tpl = work.fresh("tpl")
@@ -144,11 +167,20 @@ def main(mode: str) -> None:
                 f"  awaiting the native claim: {wrap.seconds:.2f} s = {wrap.seconds / dt:.0%} of "
                 f"the drain, {wrap.calls} claims, {wrap.seconds / wrap.calls * 1e6:.0f} us each"
             )
-            rest = dt - wrap.seconds
+            if wrap.now_calls:
+                print(
+                    f"  in claim_now (at once on the worker's thread): {wrap.now_seconds:.2f} s = "
+                    f"{wrap.now_seconds / dt:.0%} of the drain, {wrap.now_calls} claims, "
+                    f"{wrap.now_seconds / wrap.now_calls * 1e6:.0f} us each"
+                )
+            rest = dt - wrap.seconds - wrap.now_seconds
             print(f"  everything else (Python: loop, tasks, handlers): {rest / N * 1e6:.1f} us/job")
             c.collect()
             print("round trips:")
             print("\n".join(asyncio.run(round_trips(work.fresh("rt")))))
+        elif mode == "drain":
+            dt, _ = asyncio.run(drain(path, timed=False))
+            print(f"drain: {N / dt:,.0f} jobs/s, {dt:.2f} s")
         elif mode == "cprofile":
             prof = cProfile.Profile()
             prof.enable()
@@ -168,7 +200,7 @@ def main(mode: str) -> None:
             print(f"drain under pyinstrument: {N / dt:,.0f} jobs/s, {dt:.2f} s")
             print(profiler.output_text(unicode=False, color=False))
         else:
-            raise SystemExit(f"unknown mode {mode!r}: split, cprofile or pyinstrument")
+            raise SystemExit(f"unknown mode {mode!r}: split, drain, cprofile or pyinstrument")
     finally:
         c.collect()
         work.cleanup()

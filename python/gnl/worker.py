@@ -269,6 +269,9 @@ class Worker:
         # Moving averages: how long a handler runs, how long a claim takes (seconds).
         self._hold_s: float | None = None
         self._claim_s = 0.0
+        self._at_once = False  # the last claim ran at once on this thread (claim_now)
+        self._late = False  # a handler outlasted a claim while a pair waited for it
+        self._ends = 0  # handler runs ended
         self._counts = [0, 0, 0]  # processed, succeeded, failed
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -428,11 +431,31 @@ class Worker:
         ready -= starting
         ahead = 0
         hold = self._hold_s
+        if self._pairs() and not self._late:
+            # One slot, claims run at once on this thread (a SQLite file whose locks are free:
+            # nothing runs meanwhile, so a claim gains nothing by going out while the handler
+            # runs) and handlers shorter than a claim: two jobs a claim, once both are done
+            # (the one that runs and the one ahead), their outcomes carried by it: one
+            # transaction every two jobs instead of one a job. A handler that outlasts a
+            # claim (`_late`) gets the next job claimed ahead, as below.
+            return 0 if running or ready else 2
         if hold is not None and running:
             claim = self._claim_s
             expected = running if hold <= claim else running * claim / hold
             ahead = min(c, int(expected + 0.5))
         return min(c, c - running + ahead - ready)
+
+    def _pairs(self) -> bool:
+        """Whether claims take two jobs once both earlier ones are done (see ``_want``): a
+        handler's time as measured while claims run at once one at a time includes the claim
+        that held the loop when it started (up to twice a claim's: the handler is shorter)."""
+        hold = self._hold_s
+        return (
+            self.concurrency == 1
+            and self._at_once
+            and hold is not None
+            and hold <= 2 * self._claim_s
+        )
 
     async def _pump(self, drain: bool) -> None:
         """Claim while there is room; with ``drain``, until no job is due.
@@ -453,8 +476,14 @@ class Worker:
             want = self._want()
             if want <= 0:
                 self._fill()
-                await self._wait_slot()
+                if self._pairs() and not self._late and self._tasks:
+                    # Waiting to claim a pair: a handler that outlasts a few claims (or 2 ms,
+                    # a loaded machine's pause) gets the next job claimed ahead.
+                    self._late = not await self._wait_slot(max(4 * self._claim_s, 0.002))
+                else:
+                    await self._wait_slot()
                 continue
+            self._late = False
             self._claiming = True
             t0 = loop.time()
             # Read before the claim looks: a job enqueued after it wakes the sleep below.
@@ -465,6 +494,7 @@ class Worker:
                 # transaction, no hops between threads). Else the claim goes out first (a
                 # native task), then the jobs of the last one start while it runs.
                 now = native.claim_now(want) if len(self._tasks) <= 1 else None
+                self._at_once = now is not None
                 if now is not None:
                     self._fill()
                     jobs = now
@@ -530,13 +560,22 @@ class Worker:
             else:
                 return
 
-    async def _wait_slot(self) -> None:
+    async def _wait_slot(self, timeout: float | None = None) -> bool:
+        """Wait for a handler to end (True), or ``timeout`` seconds (False)."""
         self._slot.clear()
         self._waiting_slot = True
+        timer = None
+        if timeout is not None:
+            assert self._loop is not None
+            timer = self._loop.call_later(timeout, self._slot.set)
+        ends = self._ends
         try:
             await self._slot.wait()
         finally:
             self._waiting_slot = False
+            if timer is not None:
+                timer.cancel()
+        return timer is None or self._ends != ends
 
     async def _sleep(self, ms: int) -> None:
         self._wake.clear()
@@ -675,6 +714,7 @@ class Worker:
         # The slot is free: the next job claimed ahead starts at once.
         if self._ready and native is self._native:
             self._fill()
+        self._ends += 1
         self._slot.set()
 
     def _outcome_queued(self) -> None:
@@ -785,7 +825,10 @@ def create_worker(
             lanes in turn. While handlers that run shorter than a claim takes are running,
             the next claim goes out at once (the store and the handlers work at the same
             time): the worker then holds up to this many jobs more, claimed ahead, which
-            start in claim order as slots free (see :meth:`Worker.stop`).
+            start in claim order as slots free (see :meth:`Worker.stop`). At 1, when claims
+            run at once on the worker's thread (a SQLite file whose locks are free) and
+            handlers are that short, a claim takes two jobs (the next and the one ahead)
+            once both earlier ones are done.
         poll_ms: The poll interval (ms); an empty poll doubles it up to ``max_poll_ms``
             (default ``poll_ms * 32``); a claim resets it, and so does a wake-up: an idle
             worker is woken at once by an enqueue or retry through the same Storage, and by

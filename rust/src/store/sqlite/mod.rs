@@ -21,6 +21,7 @@ use super::url::SqliteTarget;
 use super::Store;
 use crate::error::{Error, Result};
 
+mod checkpoint;
 mod events;
 mod journal;
 mod now;
@@ -52,6 +53,8 @@ pub struct SqliteStore {
     raw: std::sync::Mutex<Option<now::Raw>>,
     /// The queue's hot path's connection (`raw.rs`; file stores), opened on first use.
     hot: std::sync::Arc<std::sync::Mutex<Option<raw::Db>>>,
+    /// Checkpoints the hot connection's WAL (`checkpoint.rs`; file stores).
+    wal: Option<std::sync::Arc<checkpoint::Checkpointer>>,
     wake: std::sync::Arc<super::Wakeups>,
     /// How the `PRAGMA data_version` watcher connects (None: in memory, no other process).
     watch_opts: Option<SqliteConnectOptions>,
@@ -69,6 +72,17 @@ extern "C" fn busy_handler(_arg: *mut std::ffi::c_void, tries: std::ffi::c_int) 
     1
 }
 
+/// The hot path's connection to `path`: gnl's pragmas and busy handler, its WAL checkpointed by
+/// `wal` (started with the first one).
+fn open_hot(path: &str, wal: Option<std::sync::Arc<checkpoint::Checkpointer>>) -> Result<raw::Db> {
+    let mut db = raw::Db::open(path, Some(busy_handler))?;
+    if let Some(c) = wal {
+        c.start();
+        db.watch_wal(c);
+    }
+    Ok(db)
+}
+
 /// The wall clock, in epoch ms (the store's clock: due instants and leases).
 fn wall_ms() -> i64 {
     SystemTime::now()
@@ -78,6 +92,15 @@ fn wall_ms() -> i64 {
 }
 
 type Tx<'a> = Transaction<'a, Sqlite>;
+
+impl Drop for SqliteStore {
+    fn drop(&mut self) {
+        // A store dropped without `close`: its checkpointer ends (not waited for).
+        if let Some(c) = &self.wal {
+            c.stop();
+        }
+    }
+}
 
 impl SqliteStore {
     pub async fn connect(target: SqliteTarget, max_connections: u32, create: bool) -> Result<Self> {
@@ -178,6 +201,10 @@ impl SqliteStore {
             },
             raw: std::sync::Mutex::new(None),
             hot: std::sync::Arc::new(std::sync::Mutex::new(None)),
+            wal: match &target {
+                SqliteTarget::File(p) => Some(checkpoint::Checkpointer::new(p.clone())),
+                SqliteTarget::Memory => None,
+            },
             wake: super::Wakeups::new(false),
             watch_opts,
         })
@@ -214,12 +241,12 @@ impl SqliteStore {
         let shift = self.clock_shift_ms.load(Ordering::Relaxed);
         let (r, n) = match &self.path {
             Some(path) => {
-                let (slot, path) = (self.hot.clone(), path.clone());
+                let (slot, path, wal) = (self.hot.clone(), path.clone(), self.wal.clone());
                 tokio::task::spawn_blocking(move || {
                     let _w = w;
                     let mut g = slot.lock().unwrap_or_else(|p| p.into_inner());
                     if g.is_none() {
-                        match raw::Db::open(&path, busy_handler) {
+                        match open_hot(&path, wal) {
                             Ok(db) => *g = Some(db),
                             Err(e) => return (Err(e), 1),
                         }
@@ -266,7 +293,7 @@ impl SqliteStore {
         }
         let mut g = self.hot.try_lock().ok()?;
         if g.is_none() {
-            *g = Some(raw::Db::open(path, busy_handler).ok()?);
+            *g = Some(open_hot(path, self.wal.clone()).ok()?);
         }
         let db = g.as_mut()?;
         db.set_busy(None);
@@ -359,6 +386,10 @@ impl Store for SqliteStore {
         self.pool.close().await;
         let _w = self.write.lock().await;
         *self.hot.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        // Its connection is the file's last one to close (which folds the WAL into the file).
+        if let Some(t) = self.wal.as_ref().and_then(|c| c.stop()) {
+            let _ = tokio::task::spawn_blocking(move || t.join()).await;
+        }
     }
 
     fn wakeups(&self) -> &std::sync::Arc<super::Wakeups> {

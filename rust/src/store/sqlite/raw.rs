@@ -13,8 +13,11 @@
 use std::collections::HashMap;
 use std::ffi::{c_int, CStr, CString};
 use std::ptr;
+use std::sync::Arc;
 
 use libsqlite3_sys as ffi;
+
+use super::checkpoint::{self, Checkpointer};
 
 use crate::error::{Error, Result};
 
@@ -79,6 +82,8 @@ pub(super) struct Db {
     kept: HashMap<String, *mut ffi::sqlite3_stmt>,
     /// Statements run since the last `take_count`.
     count: u64,
+    /// Who checkpoints this connection's WAL (`watch_wal`): kept alive while its hook is set.
+    wal: Option<Arc<Checkpointer>>,
 }
 
 // SAFETY: a `Db` is used by one thread at a time (the `Mutex` that holds an owned one, the
@@ -103,10 +108,10 @@ impl Drop for Db {
 
 impl Db {
     /// Open `path` (an existing store in WAL mode) with gnl's pragmas and `busy` as its busy
-    /// handler.
+    /// handler (None: a lock held elsewhere fails at once).
     pub(super) fn open(
         path: &str,
-        busy: extern "C" fn(*mut std::ffi::c_void, c_int) -> c_int,
+        busy: Option<extern "C" fn(*mut std::ffi::c_void, c_int) -> c_int>,
     ) -> Result<Db> {
         let cpath = CString::new(path).map_err(|e| Error::invalid(e.to_string()))?;
         let mut db = ptr::null_mut();
@@ -119,16 +124,17 @@ impl Db {
                 ffi::SQLITE_OPEN_READWRITE | ffi::SQLITE_OPEN_NOMUTEX,
                 ptr::null(),
             );
-            let out = Db {
+            let mut out = Db {
                 db,
                 owned: true,
                 kept: HashMap::new(),
                 count: 0,
+                wal: None,
             };
             if rc != ffi::SQLITE_OK {
                 return Err(out.error(rc));
             }
-            ffi::sqlite3_busy_handler(db, Some(busy), ptr::null_mut());
+            out.set_busy(busy);
             out
         };
         out.batch("PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = OFF")?;
@@ -147,6 +153,42 @@ impl Db {
             owned: false,
             kept: HashMap::new(),
             count: 0,
+            wal: None,
+        }
+    }
+
+    /// Hand this connection's automatic checkpoint to `wal` (`checkpoint.rs`): its commits
+    /// tell it how large the WAL has grown.
+    pub(super) fn watch_wal(&mut self, wal: Arc<Checkpointer>) {
+        // SAFETY: a valid connection; the context pointer is the `Checkpointer` this `Db` keeps
+        // (in `self.wal`) until it closes the connection, after which no hook runs.
+        unsafe {
+            ffi::sqlite3_wal_hook(
+                self.db,
+                Some(checkpoint::wal_hook),
+                Arc::as_ptr(&wal) as *mut std::ffi::c_void,
+            )
+        };
+        self.wal = Some(wal);
+    }
+
+    /// A PASSIVE checkpoint of the WAL (copies what no reader still needs, waits for nobody).
+    pub(super) fn checkpoint(&mut self) -> Result<()> {
+        let (mut log, mut done) = (0, 0);
+        // SAFETY: a valid connection and out-pointers; a NULL schema means every attached one.
+        let rc = unsafe {
+            ffi::sqlite3_wal_checkpoint_v2(
+                self.db,
+                ptr::null(),
+                ffi::SQLITE_CHECKPOINT_PASSIVE,
+                &mut log,
+                &mut done,
+            )
+        };
+        if rc == ffi::SQLITE_OK || rc == ffi::SQLITE_BUSY {
+            Ok(())
+        } else {
+            Err(self.error(rc))
         }
     }
 
