@@ -128,6 +128,13 @@ macro_rules! lock_all_lanes {
 
 /// A whole enqueue in one statement: the enqueue locks, then the jobs (their `WHERE` waits for
 /// the locks), then their lanes (from the rows actually inserted).
+///
+/// A new lane reads its organization's turn ticket as `max(served_at + 0)` (here and in
+/// `ENQUEUE_LANES`): over the bare column the planner may answer `max()` by walking
+/// `gnl_lanes_served` backward, filtered by organization, and did after a bulk enqueue with
+/// the statistics not gathered yet: a walk over every lane for each lane enqueued into (an
+/// enqueue of 1,000,000 jobs over 10,000 organizations took 15 minutes). The expression
+/// is no indexed column, so the organization's few lanes are read by the key.
 macro_rules! enqueue_one {
     ($lock:expr) => {
         concat!(
@@ -145,7 +152,7 @@ macro_rules! enqueue_one {
              ln AS (
                INSERT INTO gnl_lanes (org, type, next_run_at, served_at, head)
                SELECT i.org, i.type, min(i.run_at),
-                      coalesce((SELECT max(x.served_at) FROM gnl_lanes x WHERE x.org = i.org), 0),
+                      coalesce((SELECT max(x.served_at + 0) FROM gnl_lanes x WHERE x.org = i.org), 0),
                       min(i.seq)
                FROM ins i GROUP BY i.org, i.type ORDER BY i.org, i.type
                ON CONFLICT (org, type) DO UPDATE SET next_run_at = least(gnl_lanes.next_run_at, excluded.next_run_at)
@@ -170,7 +177,7 @@ macro_rules! enqueue_lock {
 }
 
 /// The enqueue statements, with the locks of each lane or of all (`LANE_LOCKS_MAX`).
-const ENQUEUE_ONE: [&str; 2] = [
+pub(super) const ENQUEUE_ONE: [&str; 2] = [
     enqueue_one!(lock_each_lane!()),
     enqueue_one!(lock_all_lanes!()),
 ];
@@ -207,9 +214,9 @@ enum Feed<'a> {
 /// earliest due instant). A new lane takes its organization's turn ticket, and its highest
 /// head as its own (every job of this enqueue comes after it: the enqueue holds the
 /// organization's enqueue lock, and a head is never past the organization's last job + 1).
-const ENQUEUE_LANES: &str = "INSERT INTO gnl_lanes (org, type, next_run_at, served_at, head)
+pub(super) const ENQUEUE_LANES: &str = "INSERT INTO gnl_lanes (org, type, next_run_at, served_at, head)
      SELECT u.o, u.t, u.a,
-            coalesce((SELECT max(x.served_at) FROM gnl_lanes x WHERE x.org = u.o), 0),
+            coalesce((SELECT max(x.served_at + 0) FROM gnl_lanes x WHERE x.org = u.o), 0),
             coalesce((SELECT max(x.head) FROM gnl_lanes x WHERE x.org = u.o), 0)
      FROM unnest($1::text[], $2::text[], $3::bigint[]) AS u(o, t, a)
      ORDER BY u.o COLLATE \"C\", u.t COLLATE \"C\"
