@@ -178,10 +178,11 @@ impl PostgresStore {
         if ms <= 0 {
             return Ok(Read::Plain(self.pool.acquire().await?));
         }
-        let mut tx = self.begin().await?;
-        self.counted(1);
-        sqlx::query(&format!("SET LOCAL statement_timeout = {ms}"))
-            .execute(&mut *tx)
+        // One round trip: both statements go as one simple query.
+        self.counted(2);
+        let tx = self
+            .pool
+            .begin_with(format!("BEGIN; SET LOCAL statement_timeout = {ms}"))
             .await?;
         Ok(Read::Bounded(tx))
     }
