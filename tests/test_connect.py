@@ -264,3 +264,28 @@ async def test_unreachable_store_raises_store_unavailable(backend: str, tmp_path
     if backend != "sqlite":
         # The driver's reason, not only the pool's time-out.
         assert "refused" in str(info.value).lower(), str(info.value)
+
+
+async def test_a_read_timeout_is_checked_and_the_reads_under_it_answer(
+    store_url: Callable[[], str],
+) -> None:
+    # The cut-off itself is the engine suite's (views: dashboard_reads_run_under_the_read_timeout).
+    url = store_url()
+    for bad in (0, 600_001):
+        with pytest.raises(gnl.InvalidArgumentError, match="read_timeout_ms"):
+            await gnl.connect(url, read_timeout_ms=bad)
+    async with await gnl.connect(url, read_timeout_ms=60_000) as st:
+        job_id = await gnl.enqueue(st, "t", {"a": 1}, org_id="o")
+        await gnl.schedule_workflow(st, "wf", every_ms=60_000)
+        assert await gnl.list_orgs(st) == ["o"]
+        assert [j.id for j in (await gnl.scan_jobs(st, org_id="o")).items] == [job_id]
+        got = await gnl.get_job(st, job_id, "o")
+        assert got is not None and got.payload == {"a": 1}
+        assert [t.id for t in await gnl.list_triggers(st, limit=10)] == ["wf"]
+        assert (await gnl.get_trigger(st, "wf")) is not None
+        assert (await gnl.scan_runs(st)).items == []
+        assert await gnl.get_run(st, "nope") is None
+        assert await gnl.list_consumers(st) == []
+        assert await gnl.consumer_lag(st, "t", "c") is None
+        (counts,) = await gnl.count_jobs(st, ["o"])
+        assert counts.states == {"pending": 1}

@@ -109,6 +109,31 @@ async def test_the_definition_is_immutable(storage: gnl.Storage) -> None:
     assert (await trigger(storage, "wf")).spec == "0 4 * * *"
 
 
+async def test_triggers_are_listed_by_id_a_page_at_a_time(storage: gnl.Storage) -> None:
+    for id in ("m", "a", "z", "b"):
+        await gnl.schedule_workflow(storage, "wf", id=id, every_ms=MIN, now_ms=T0)
+    assert [t.id for t in await gnl.list_triggers(storage)] == ["a", "b", "m", "z"]
+    pages, after = [], None
+    while True:
+        page = await gnl.list_triggers(storage, after=after, limit=3)
+        if not page:
+            break
+        pages.append([t.id for t in page])
+        after = page[-1].id
+    assert pages == [["a", "b", "m"], ["z"]]
+    assert [t.id for t in await gnl.list_triggers(storage, after="c", limit=1)] == ["m"]
+    got = await gnl.get_trigger(storage, "m")
+    assert got is not None and (got.id, got.kind, got.spec) == ("m", "every", MIN)
+    assert got == (await gnl.list_triggers(storage, after="b", limit=1))[0]
+    assert await gnl.get_trigger(storage, "nope") is None
+    with pytest.raises(gnl.InvalidArgumentError, match="limit"):
+        await gnl.list_triggers(storage, limit=0)
+    with pytest.raises(TypeError, match="after"):
+        await gnl.list_triggers(storage, after=1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="trigger_id"):
+        await gnl.get_trigger(storage, 1)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [

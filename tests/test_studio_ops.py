@@ -167,7 +167,7 @@ def test_the_triggers_page_shows_each_figure_and_unschedules_after_confirming(
     page = c.get("/triggers")
     assert page.status == 200
     assert _ids(r'class="trigger-id">([^<]+)<', page.text) == ["nightly", "often"]
-    assert "2 triggers registered" in page.text
+    assert "Triggers by id, 2 shown" in page.text and 'id="next"' not in page.text
     for head in ("fires", "next run", "last slot", "missed", "deferrals", "last deferral"):
         assert f">{head}<" in page.text, head
     assert "<code>0 3 * * *</code>" in page.text and "60,000 ms" in page.text
@@ -190,6 +190,27 @@ def test_the_triggers_page_shows_each_figure_and_unschedules_after_confirming(
         ("unschedule", "ok"),
         ("unschedule", "none"),
     ]
+
+
+def test_the_triggers_page_pages_by_id(ops_url: str, studio: Studio) -> None:
+    ids = sorted(["nightly", "often", *(f"page-{i:03d}" for i in range(55))])
+
+    async def schedule() -> None:
+        async with await gnl.connect(ops_url) as st:
+            for id in ids[2:]:
+                await gnl.schedule_workflow(st, "done", id=id, every_ms=3_600_000)
+
+    asyncio.run(schedule())
+    c = Client(studio.port, token=VIEWER)
+    first = c.get("/triggers")
+    assert _ids(r'class="trigger-id">([^<]+)<', first.text) == ids[:50]
+    nxt = re.search(r'id="next" href="([^"]+)"', first.text)
+    assert nxt is not None and nxt.group(1) == f"/triggers?after={ids[49]}"
+    rest = c.get(nxt.group(1))
+    assert _ids(r'class="trigger-id">([^<]+)<', rest.text) == ids[50:]
+    assert "End of the listing." in rest.text
+    table = c.get(f"/triggers/table?after={ids[49]}").text
+    assert _ids(r'class="trigger-id">([^<]+)<', table) == ids[50:]
 
 
 def test_dead_events_by_consumer_are_retried_one_or_all_shown_after_a_count(

@@ -11,7 +11,9 @@ a job that starts, or a signal that aborts, within a few seconds got there by a 
 * Postgres: the listener's connection killed (``pg_terminate_backend``) is opened again and
   notifications work again;
 * idle workers send no more statements than their poll schedule;
-* an event consumer wakes on an emit (same Storage; another one on Postgres and SQLite).
+* an event consumer wakes on an emit (same Storage; another one on Postgres and SQLite);
+* a scheduler's poller wakes on a trigger registered due now (same Storage; another one on
+  Postgres and SQLite): it fires long before its next poll.
 """
 
 from __future__ import annotations
@@ -49,21 +51,30 @@ async def _idle_worker(storage: gnl.Storage, started: asyncio.Queue[str], **kw: 
 
 
 @contextlib.asynccontextmanager
+async def _two_storages(url: str) -> AsyncIterator[tuple[gnl.Storage, gnl.Storage]]:
+    """Two Storages of ``url``: each has its own wake-ups, as another process has."""
+    storage = await gnl.connect(url)
+    other = await gnl.connect(url)
+    try:
+        yield storage, other
+    finally:
+        await other.close()
+        await storage.close()
+
+
+@contextlib.asynccontextmanager
 async def _idle_beside_another_store(
     url: str,
 ) -> AsyncIterator[tuple[gnl.Storage, asyncio.Queue[str]]]:
     """An idle worker on one Storage of ``url``; yields a second Storage (its own wake-ups,
     as another process has) and the queue of the job ids the worker starts."""
-    storage = await gnl.connect(url)
-    other = await gnl.connect(url)
-    started: asyncio.Queue[str] = asyncio.Queue()
-    worker = await _idle_worker(storage, started)
-    try:
-        yield other, started
-    finally:
-        await worker.stop()
-        await other.close()
-        await storage.close()
+    async with _two_storages(url) as (storage, other):
+        started: asyncio.Queue[str] = asyncio.Queue()
+        worker = await _idle_worker(storage, started)
+        try:
+            yield other, started
+        finally:
+            await worker.stop()
 
 
 async def test_an_idle_worker_starts_a_job_enqueued_in_its_process_at_once(
@@ -248,45 +259,75 @@ async def test_idle_workers_send_no_more_statements_than_their_polls(
         await storage.close()
 
 
-async def test_a_consumer_wakes_on_an_emit_in_its_process(storage: gnl.Storage) -> None:
+async def _consumed_at_once(storage: gnl.Storage, via: gnl.Storage, topic: str) -> None:
+    """A consumer of ``topic`` on ``storage`` polling every 10 s, idle; events emitted through
+    ``via`` each reach it within SOON."""
     got: asyncio.Queue[Any] = asyncio.Queue()
 
     async def handler(payload: Any, ctx: Any) -> None:
         got.put_nowait(payload)
 
-    consumer = gnl.create_consumer(storage, "topic-a", handler, name="c1", poll_ms=SLOW_POLL)
+    consumer = gnl.create_consumer(storage, topic, handler, name="c1", poll_ms=SLOW_POLL)
     consumer.start()
     try:
         await asyncio.sleep(0.8)  # it found nothing and sleeps 10 s
         for i in range(2):
-            await gnl.emit(storage, "topic-a", {"i": i})
+            await gnl.emit(via, topic, {"i": i})
             assert await asyncio.wait_for(got.get(), SOON) == {"i": i}
             await asyncio.sleep(0.3)
     finally:
         await consumer.stop()
+
+
+async def test_a_consumer_wakes_on_an_emit_in_its_process(storage: gnl.Storage) -> None:
+    await _consumed_at_once(storage, storage, "topic-a")
 
 
 async def test_a_consumer_wakes_on_an_emit_of_another_store(
     backend: str, store_url: Callable[[], str]
 ) -> None:
     _watching(backend)
-    url = store_url()
-    storage = await gnl.connect(url)
-    other = await gnl.connect(url)
-    got: asyncio.Queue[Any] = asyncio.Queue()
+    async with _two_storages(store_url()) as (storage, other):
+        await _consumed_at_once(storage, other, "topic-b")
 
-    async def handler(payload: Any, ctx: Any) -> None:
-        got.put_nowait(payload)
 
-    consumer = gnl.create_consumer(storage, "topic-b", handler, name="c1", poll_ms=SLOW_POLL)
-    consumer.start()
+class _Fired:
+    """A scheduler's runner that records the workflow name of each fire."""
+
+    def __init__(self) -> None:
+        self.names: asyncio.Queue[str] = asyncio.Queue()
+
+    async def run_workflow(
+        self, name: str, *, run_id: str, input: Any, scheduled_for: int | None, signal: Any
+    ) -> Any:
+        self.names.put_nowait(name)
+
+
+async def _fired_at_once(storage: gnl.Storage, via: gnl.Storage) -> None:
+    """A scheduler polling ``storage`` every 10 s, idle; triggers registered due now through
+    ``via`` each fire within SOON."""
+    runner = _Fired()
+    scheduler = gnl.create_scheduler(storage, runner, poll_ms=SLOW_POLL)
+    scheduler.start()
     try:
-        await asyncio.sleep(0.8)  # it found nothing and sleeps 10 s
-        for i in range(2):
-            await gnl.emit(other, "topic-b", {"i": i})
-            assert await asyncio.wait_for(got.get(), SOON) == {"i": i}
-            await asyncio.sleep(0.3)
+        await asyncio.sleep(0.8)  # its first poll found nothing: it sleeps 10 s
+        for i in range(3):
+            await gnl.schedule_workflow(via, f"wf{i}", at=int(time.time() * 1000) - 1_000)
+            assert await asyncio.wait_for(runner.names.get(), SOON) == f"wf{i}"
+            await asyncio.sleep(0.3)  # idle again
     finally:
-        await consumer.stop()
-        await other.close()
-        await storage.close()
+        await scheduler.stop()
+
+
+async def test_an_idle_scheduler_fires_a_trigger_registered_in_its_process_at_once(
+    storage: gnl.Storage,
+) -> None:
+    await _fired_at_once(storage, storage)
+
+
+async def test_an_idle_scheduler_wakes_on_a_trigger_another_store_registered(
+    backend: str, store_url: Callable[[], str]
+) -> None:
+    _watching(backend)
+    async with _two_storages(store_url()) as (storage, other):
+        await _fired_at_once(storage, other)

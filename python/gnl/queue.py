@@ -373,8 +373,8 @@ async def count_jobs(
         window_ms: ``finished_per_minute`` covers the last ``window_ms`` (store clock), one
             entry per minute, 60,000 to 86,400,000.
         timeout_ms: Each query is cut off after this long (Postgres ``statement_timeout``,
-            MySQL ``max_execution_time``, MariaDB ``max_statement_time``; SQLite has none:
-            ``scan`` bounds it), 1 to 600,000.
+            MySQL ``max_execution_time``, MariaDB ``max_statement_time``, SQLite an
+            interrupt), 1 to 600,000.
 
     Returns:
         One :class:`JobCounts` per organization, in order.

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from . import _native
+from . import _native, _wake
 from ._time import MAX_DURATION_MS, check_int, to_ms
 from .durable import _age_ms, _owner
 from .errors import (
@@ -43,6 +43,7 @@ __all__ = [
     "Scheduler",
     "TriggerInfo",
     "create_scheduler",
+    "get_trigger",
     "list_triggers",
     "poll_scheduler",
     "schedule_workflow",
@@ -58,6 +59,8 @@ _PAGE = 1_000
 
 #: Store calls of one poller's fires at once.
 _IO = 8
+#: The shortest pause (s) between two polls of a scheduler woken by a wake-up.
+_WAKE_GAP = 0.05
 
 #: Backoff of a failed fire: min(1 s * 2^(n-1), 60 s).
 _BACKOFF_BASE_MS = 1_000
@@ -327,13 +330,41 @@ async def schedule_workflow(
     return id
 
 
-async def list_triggers(journal: Storage | Journal) -> list[TriggerInfo]:
-    """Every registered trigger, by id.
+async def list_triggers(
+    journal: Storage | Journal, *, after: str | None = None, limit: int | None = None
+) -> list[TriggerInfo]:
+    """The registered triggers, by id; a page at a time with ``limit``.
+
+    Args:
+        journal: A :class:`~gnl.Storage` or its journal.
+        after: The next page: only triggers whose id comes after this one (the last id of
+            the previous page); None: from the first.
+        limit: At most this many (1 to 10,000); None: all of them.
 
     Raises:
+        InvalidArgumentError: ``limit`` out of range.
+        TypeError: ``after`` is not a str.
         StoreUnavailableError: the store cannot be reached.
     """
-    return [_info(r) for r in await _native.list_triggers(native_of(journal, "journal"))]
+    if after is not None and not isinstance(after, str):
+        raise TypeError(f"after must be a str, not {type(after).__name__}")
+    if limit is not None:
+        check_int(limit, "limit", 1, 10_000)
+    rows = await _native.list_triggers(native_of(journal, "journal"), after, limit)
+    return [_info(r) for r in rows]
+
+
+async def get_trigger(journal: Storage | Journal, trigger_id: str) -> TriggerInfo | None:
+    """Trigger ``trigger_id``, or None when there is none.
+
+    Raises:
+        TypeError: ``trigger_id`` is not a str.
+        StoreUnavailableError: the store cannot be reached.
+    """
+    if not isinstance(trigger_id, str):
+        raise TypeError(f"trigger_id must be a str, not {type(trigger_id).__name__}")
+    r = await _native.trigger_get(native_of(journal, "journal"), trigger_id)
+    return None if r is None else _info(r)
 
 
 async def unschedule(journal: Storage | Journal, trigger_id: str) -> bool:
@@ -672,16 +703,28 @@ class Scheduler:
 
     async def _loop(self) -> None:
         assert self._stopping is not None
+        native = self._p.native
         interval = self.poll_ms
         while not self._stopping.is_set():
+            # Read before the poll: a trigger registered after this look ends the sleep at
+            # once (docs/DECISIONS.md "Wake-ups").
+            seen = _wake.version(native, "triggers")
+            polled = time.monotonic()
             try:
                 started = await self._p.poll(None, self.totals)
                 interval = self.poll_ms if started else min(interval * 2, self.max_poll_ms)
             except (StoreUnavailableError, GnlError) as e:
                 log.warning("gnl scheduler: poll failed, retrying in %d ms: %s", interval, e)
                 interval = min(interval * 2, max(self.max_poll_ms, 5_000))
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), interval / 1000)
+            if await _wake.sleep(native, "triggers", seen, interval, self._stopping):
+                # A trigger was registered: poll now, the backoff starts over. Not sooner
+                # than _WAKE_GAP after the last poll: SQLite's watcher wakes on every commit
+                # of another connection, whatever it wrote.
+                interval = self.poll_ms
+                gap = _WAKE_GAP - (time.monotonic() - polled)
+                if gap > 0:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self._stopping.wait(), gap)
 
     async def stop(self) -> None:
         """Stop polling and wait for the fires in flight to finish."""
@@ -715,7 +758,9 @@ def create_scheduler(
         journal: The store.
         runner: As for :func:`poll_scheduler`.
         poll_ms: The poll interval (ms >= 1); a poll that started nothing doubles it up to
-            ``max_poll_ms`` (default ``poll_ms * 4``), a fire resets it.
+            ``max_poll_ms`` (default ``poll_ms * 4``), a fire resets it. A trigger registered
+            meanwhile (this process; another one on Postgres and SQLite) wakes the loop at
+            once and resets it too.
         concurrency: At most this many fires at once.
         lock_ttl_ms: The fire lock's TTL (ms).
         retry_ms: The busy deferral (ms).

@@ -149,7 +149,13 @@ def storage_of(store: Storage | WorkStore | Journal) -> Storage:
     raise TypeError(f"expected a gnl.Storage, not {type(store).__name__}")
 
 
-async def connect(url: str, *, max_connections: int = 10, create: bool = True) -> Storage:
+async def connect(
+    url: str,
+    *,
+    max_connections: int = 10,
+    create: bool = True,
+    read_timeout_ms: int | None = None,
+) -> Storage:
     """Open a store.
 
     Args:
@@ -158,6 +164,13 @@ async def connect(url: str, *, max_connections: int = 10, create: bool = True) -
             ``postgresql://…`` or ``mysql://…``.
         max_connections: Size of the connection pool (SQLite in memory always uses one).
         create: Give an empty store the current schema.
+        read_timeout_ms: Cut off the store's dashboard reads after this long, 1 to 600,000
+            ms (None: never): the listings and look-ups Studio's pages make
+            (:func:`list_orgs`, :func:`list_jobs`, :func:`scan_jobs`, :func:`get_job`,
+            :func:`list_runs`, :func:`scan_runs`, :func:`get_run`, :func:`list_triggers`,
+            :func:`list_consumers`, :func:`list_dead_events`, :func:`consumer_lag`) fail with
+            :class:`GnlError` instead of running longer (Postgres ``statement_timeout``, MySQL
+            ``max_execution_time``, MariaDB ``max_statement_time``, SQLite an interrupt).
 
     Returns:
         The open :class:`Storage`.
@@ -180,7 +193,9 @@ async def connect(url: str, *, max_connections: int = 10, create: bool = True) -
     check_int(max_connections, "max_connections", 1, 10_000)
     if not isinstance(create, bool):
         raise TypeError(f"create must be a bool, not {type(create).__name__}")
-    native = await _native.connect(url, max_connections, create)
+    if read_timeout_ms is not None:
+        check_int(read_timeout_ms, "read_timeout_ms", 1, 600_000)
+    native = await _native.connect(url, max_connections, create, read_timeout_ms or 0)
     return Storage(native, url)
 
 

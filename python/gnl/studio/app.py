@@ -82,7 +82,8 @@ class StudioConfig:
         org_page: Organizations per overview page.
         org_scan: Jobs counted per organization (its latest).
         list_scan: Jobs examined per jobs page.
-        timeout_ms: Statement timeout of the dashboard's count queries, ms.
+        timeout_ms: Statement timeout of every read the dashboard makes (counts, listings,
+            look-ups: the store is opened with ``read_timeout_ms``), ms.
     """
 
     url: str
@@ -416,7 +417,9 @@ def create_app(config: StudioConfig) -> ASGIApp:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        studio.storage = await gnl.connect(config.url, create=False)
+        studio.storage = await gnl.connect(
+            config.url, create=False, read_timeout_ms=config.timeout_ms
+        )
         studio.schema = await studio.storage.schema_version()
         try:
             yield

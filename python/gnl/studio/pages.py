@@ -1,9 +1,10 @@
 """Studio's pages for durable runs, triggers and dead events (the jobs pages are in
 :mod:`gnl.studio.app`). Every read and action goes through gnl's public API
 (:func:`gnl.scan_runs`, :func:`gnl.get_run`, :func:`gnl.resolve_step`, :func:`gnl.list_triggers`,
-:func:`gnl.unschedule`, :func:`gnl.list_consumers`, :func:`gnl.list_dead_events`,
-:func:`gnl.retry_dead_event`); the Guard (:mod:`gnl.studio.security`) has already checked the
-CSRF token and the admin role of every POST that reaches a handler here.
+:func:`gnl.get_trigger`, :func:`gnl.unschedule`, :func:`gnl.list_consumers`,
+:func:`gnl.list_dead_events`, :func:`gnl.retry_dead_event`); the Guard
+(:mod:`gnl.studio.security`) has already checked the CSRF token and the admin role of every
+POST that reaches a handler here.
 """
 
 from __future__ import annotations
@@ -155,16 +156,14 @@ class Pages:
 
     async def _triggers_page(self, request: Request) -> dict[str, Any]:
         after = request.query_params.get("after") or ""
-        triggers = sorted(await gnl.list_triggers(self.store), key=lambda t: t.id)
-        total = len(triggers)
-        shown = [t for t in triggers if t.id > after][: PER_PAGE + 1]
+        shown = await gnl.list_triggers(self.store, after=after or None, limit=PER_PAGE + 1)
         more = len(shown) > PER_PAGE
         shown = shown[:PER_PAGE]
         return {
             "triggers": shown,
-            "total": total,
             "after": after,
             "next_after": shown[-1].id if more else None,
+            "per_page": PER_PAGE,
         }
 
     async def triggers(self, request: Request) -> Response:
@@ -175,18 +174,12 @@ class Pages:
             request, "_triggers_table.html", **await self._triggers_page(request)
         )
 
-    async def _trigger(self, trigger_id: str) -> gnl.TriggerInfo | None:
-        for t in await gnl.list_triggers(self.store):
-            if t.id == trigger_id:
-                return t
-        return None
-
     async def unschedule_confirm(self, request: Request) -> Response:
         """The confirmation of an unschedule: the trigger as it is now, one button."""
         trigger_id = _form(request, "trigger")
         if not trigger_id:
             return self.message(request, "no trigger selected", "/triggers")
-        trigger = await self._trigger(trigger_id)
+        trigger = await gnl.get_trigger(self.store, trigger_id)
         return self.studio.render(
             request, "trigger_confirm.html", trigger=trigger, trigger_id=trigger_id
         )

@@ -514,7 +514,7 @@ impl NativeStore {
         })
     }
 
-    /// The current version of wake-up topic `topic` ("jobs", "cancels", "events"): read it
+    /// The current version of wake-up topic `topic` ("jobs", "cancels", "events", "triggers"): read it
     /// before looking at the store, then `wake_wait` for a newer one.
     fn wake_version(&self, topic: &str) -> PyResult<u64> {
         Ok(self.inner.wakeups().version(wake_topic(topic)?))
@@ -550,7 +550,7 @@ impl NativeStore {
 fn wake_topic(name: &str) -> PyResult<store::Topic> {
     store::Topic::parse(name).ok_or_else(|| {
         InvalidArgumentError::new_err(format!(
-            "topic must be \"jobs\", \"cancels\" or \"events\", not {name:?}"
+            "topic must be \"jobs\", \"cancels\", \"events\" or \"triggers\", not {name:?}"
         ))
     })
 }
@@ -736,6 +736,7 @@ fn connect(
     url: String,
     max_connections: u32,
     create: bool,
+    read_timeout_ms: i64,
 ) -> PyResult<Bound<'_, PyAny>> {
     if max_connections == 0 {
         return Err(InvalidArgumentError::new_err(
@@ -745,6 +746,7 @@ fn connect(
     crate::store::url::parse(&url).map_err(to_py)?;
     spawn(py, async move {
         let inner = store::open(&url, max_connections, create).await?;
+        inner.read_timeout().set(read_timeout_ms);
         Ok(NativeStore { inner })
     })
 }

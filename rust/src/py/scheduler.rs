@@ -150,7 +150,7 @@ fn trigger_register<'py>(
     let st = state_of(initial);
     let s = store.inner.clone();
     spawn(py, async move {
-        let (created, row) = s.trigger_register(&d, &st).await?;
+        let (created, row) = crate::store::triggers::register(&*s, &d, &st).await?;
         Ok((created, RawTrigger::from(row)))
     })
 }
@@ -191,12 +191,18 @@ fn trigger_get<'py>(
     })
 }
 
-/// Every trigger, by id.
+/// The triggers after `after` (None: from the first), by id, at most `limit` (None: all).
 #[pyfunction]
-fn list_triggers<'py>(py: Python<'py>, store: &NativeStore) -> PyResult<Bound<'py, PyAny>> {
+#[pyo3(signature = (store, after=None, limit=None))]
+fn list_triggers<'py>(
+    py: Python<'py>,
+    store: &NativeStore,
+    after: Option<String>,
+    limit: Option<i64>,
+) -> PyResult<Bound<'py, PyAny>> {
     let s = store.inner.clone();
     spawn(py, async move {
-        Ok(s.list_triggers()
+        Ok(s.list_triggers(after.as_deref(), limit.unwrap_or(i64::MAX))
             .await?
             .into_iter()
             .map(RawTrigger::from)

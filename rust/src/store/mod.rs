@@ -67,6 +67,10 @@ pub trait Store:
 
     async fn close(&self);
 
+    /// The statement timeout of this store's reads for dashboards (listings, look-ups,
+    /// counts; see `ReadTimeout`).
+    fn read_timeout(&self) -> &ReadTimeout;
+
     /// This store's wake-ups (see `wake`): what this process changed, and what other
     /// processes changed once `watch` has started the engine's watcher.
     fn wakeups(&self) -> &Arc<Wakeups>;
@@ -81,6 +85,29 @@ pub trait Store:
     /// and a worker looks for cancels of its running jobs every `worker::CANCEL_CHECK`).
     fn watches_others(&self) -> bool {
         false
+    }
+}
+
+/// The statement timeout (ms; 0: none, the default) of a store's reads for dashboards: the
+/// listings and look-ups Studio's pages make (`list_orgs`, `list_jobs`, `get_job`,
+/// `list_runs`, `runs_edge`, `run_get`, `list_triggers`, `consumers`, `dead_events`,
+/// `consumer_lag`). Each engine runs them, and `count_jobs` with its own `timeout_ms`, through
+/// one mechanism: Postgres `SET LOCAL statement_timeout` in the read's transaction, MySQL the
+/// `MAX_EXECUTION_TIME` hint (MariaDB `SET STATEMENT max_statement_time … FOR`), SQLite a
+/// progress handler that interrupts the statement past its deadline. A read cut off fails
+/// (`Error::Db`); the connection it ran on serves the next read as before.
+#[derive(Debug, Default)]
+pub struct ReadTimeout(std::sync::atomic::AtomicI64);
+
+impl ReadTimeout {
+    pub fn get(&self) -> i64 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// `ms` <= 0: no timeout.
+    pub fn set(&self, ms: i64) {
+        self.0
+            .store(ms.max(0), std::sync::atomic::Ordering::Relaxed);
     }
 }
 

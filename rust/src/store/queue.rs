@@ -182,9 +182,9 @@ pub trait QueueStore: Send + Sync {
 
     /// Counts by state of organization `org`'s latest `scan` jobs (at most), and of those that
     /// finished at or after `since_ms`, by minute: one query along the lane's key, bounded by
-    /// `scan`, cut off after `timeout_ms` on the servers (Postgres `statement_timeout`, MySQL
-    /// `max_execution_time`, MariaDB `max_statement_time`; SQLite has no statement timeout:
-    /// the scan bound is its limit).
+    /// `scan`, cut off after `timeout_ms` (Postgres `statement_timeout`, MySQL
+    /// `max_execution_time`, MariaDB `max_statement_time`, SQLite an interrupt: see
+    /// `store::ReadTimeout`).
     async fn count_jobs(
         &self,
         org: &str,

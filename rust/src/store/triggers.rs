@@ -135,8 +135,9 @@ pub trait TriggerStore: Send + Sync {
     /// One trigger.
     async fn trigger_get(&self, id: &str) -> Result<Option<TriggerRow>>;
 
-    /// Every trigger, by id.
-    async fn list_triggers(&self) -> Result<Vec<TriggerRow>>;
+    /// The triggers whose id is after `after` (None: from the first), by id, at most
+    /// `limit`: one read along the key.
+    async fn list_triggers(&self, after: Option<&str>, limit: i64) -> Result<Vec<TriggerRow>>;
 
     /// Write `state` over the trigger's if its version is still `version` and, with a fence
     /// `(lock_key, token)`, the lock `lock_key` is still held with `token` (the fire lock of the
@@ -311,4 +312,19 @@ pub(crate) fn insert_sql(p: impl Fn(usize) -> String, now: &str) -> String {
          VALUES ({ph}, 1, {now}, {now})",
         STATE_COLS.join(", ")
     )
+}
+
+/// `TriggerStore::trigger_register`, waking the scheduler's pollers (this process's at once,
+/// others' through the engine's notification or their next poll) when it created the
+/// trigger: a new trigger may be due before their next poll.
+pub async fn register(
+    store: &(impl super::Store + ?Sized),
+    def: &TriggerDef,
+    initial: &TriggerState,
+) -> Result<(bool, TriggerRow)> {
+    let (created, row) = store.trigger_register(def, initial).await?;
+    if created {
+        store.wakeups().changed(super::Topic::Triggers);
+    }
+    Ok((created, row))
 }

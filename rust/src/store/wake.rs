@@ -1,9 +1,9 @@
 //! Wake-ups: the one mechanism by which a change to the store reaches the loops that wait for
-//! it (workers, their lease renewals, event consumers; the scheduler's poller can use it the
-//! same way) before their poll timer fires (docs/DECISIONS.md, "Wake-ups").
+//! it (workers, their lease renewals, event consumers, the scheduler's pollers) before their
+//! poll timer fires (docs/DECISIONS.md, "Wake-ups").
 //!
 //! Each store holds one `Wakeups`: a counter per `Topic` that anyone can wait on beside a
-//! timer. A committed enqueue, retry, cancel or emit of this process bumps it directly
+//! timer. A committed enqueue, retry, cancel, emit or new trigger of this process bumps it directly
 //! (`changed`, no store round trip). Changes from other processes arrive by the engine's
 //! watcher, started once per store by `Store::watch`: on Postgres a LISTEN connection (the
 //! writers `NOTIFY` once per committed call, coalesced), on SQLite a `PRAGMA data_version`
@@ -32,9 +32,17 @@ pub enum Topic {
     /// Another connection committed something, what is not known (SQLite's watcher): a
     /// worker holding jobs looks for cancels, at most every `worker::CANCEL_GAP`.
     Changed = 3,
+    /// A trigger was registered (it may be due before the pollers' next poll).
+    Triggers = 4,
 }
 
-pub const TOPICS: [Topic; 4] = [Topic::Jobs, Topic::Cancels, Topic::Events, Topic::Changed];
+pub const TOPICS: [Topic; 5] = [
+    Topic::Jobs,
+    Topic::Cancels,
+    Topic::Events,
+    Topic::Changed,
+    Topic::Triggers,
+];
 
 impl Topic {
     /// The one-letter code a notification carries.
@@ -44,6 +52,7 @@ impl Topic {
             Topic::Cancels => 'c',
             Topic::Events => 'e',
             Topic::Changed => 'x',
+            Topic::Triggers => 't',
         }
     }
 
@@ -53,6 +62,7 @@ impl Topic {
             'c' => Some(Topic::Cancels),
             'e' => Some(Topic::Events),
             'x' => Some(Topic::Changed),
+            't' => Some(Topic::Triggers),
             _ => None,
         }
     }
@@ -63,6 +73,7 @@ impl Topic {
             "cancels" => Some(Topic::Cancels),
             "events" => Some(Topic::Events),
             "changed" => Some(Topic::Changed),
+            "triggers" => Some(Topic::Triggers),
             _ => None,
         }
     }
@@ -125,7 +136,7 @@ impl Outbox {
 }
 
 pub struct Wakeups {
-    topics: [watch::Sender<u64>; 4],
+    topics: [watch::Sender<u64>; 5],
     /// Tells this process's notifications from others' (the payload carries it).
     nonce: String,
     /// Set when the engine sends changes to other processes.
@@ -146,12 +157,7 @@ impl Wakeups {
     /// `outbox`: whether changes are sent to other processes (see `Outbox`).
     pub fn new(outbox: bool) -> Arc<Self> {
         Arc::new(Wakeups {
-            topics: [
-                watch::channel(0).0,
-                watch::channel(0).0,
-                watch::channel(0).0,
-                watch::channel(0).0,
-            ],
+            topics: std::array::from_fn(|_| watch::channel(0).0),
             nonce: format!("{:016x}", rand::random::<u64>()),
             outbox: outbox.then(|| {
                 Arc::new(Outbox {
@@ -190,7 +196,7 @@ impl Wakeups {
         match t {
             Some(t) => self.bump(t),
             // Not a cancel for sure: `Changed` says "look, at most every CANCEL_GAP".
-            None => [Topic::Jobs, Topic::Events, Topic::Changed]
+            None => [Topic::Jobs, Topic::Events, Topic::Changed, Topic::Triggers]
                 .into_iter()
                 .for_each(|t| self.bump(t)),
         }

@@ -405,7 +405,7 @@ impl EventStore for MysqlStore {
 
     async fn consumer_lag(&self, topic: &str, name: &str) -> Result<Option<ConsumerLag>> {
         self.counted(1);
-        let row = sqlx::query(
+        let row = sqlx::query(&self.read(
             "SELECT c.cursor_seq, c.heartbeat_at, \
                (SELECT count(*) FROM gnl_dead_events d WHERE d.topic = c.topic AND d.name = c.name), \
                (SELECT count(*) FROM gnl_events e WHERE e.topic = c.topic AND e.seq > c.cursor_seq \
@@ -419,8 +419,7 @@ impl EventStore for MysqlStore {
                (SELECT min(e.emitted_at) FROM gnl_event_marks m JOIN gnl_events e \
                   ON e.topic = m.topic AND e.seq = m.seq WHERE m.topic = c.topic AND m.name = c.name \
                   AND m.seq <= c.cursor_seq AND m.state = 'wait') \
-             FROM gnl_consumers c WHERE c.topic = ? AND c.name = ?",
-        )
+             FROM gnl_consumers c WHERE c.topic = ? AND c.name = ?"))
         .bind(topic.as_bytes())
         .bind(name.as_bytes())
         .fetch_optional(&self.pool)
@@ -446,11 +445,11 @@ impl EventStore for MysqlStore {
         limit: i64,
     ) -> Result<Vec<DeadEventRow>> {
         self.counted(1);
-        let rows = sqlx::query(
+        let rows = sqlx::query(&self.read(
             "SELECT e.id, d.seq, e.org, d.attempts, d.error, d.at, e.payload, d.handed_back \
              FROM gnl_dead_events d JOIN gnl_events e ON e.topic = d.topic AND e.seq = d.seq \
              WHERE d.topic = ? AND d.name = ? AND d.seq > ? ORDER BY d.seq LIMIT ?",
-        )
+        ))
         .bind(topic.as_bytes())
         .bind(name.as_bytes())
         .bind(after_seq)
@@ -475,12 +474,11 @@ impl EventStore for MysqlStore {
     async fn consumers(&self, after: Option<(&str, &str)>, limit: i64) -> Result<Vec<ConsumerRow>> {
         self.counted(1);
         let (t, n) = (after.map(|a| a.0.as_bytes()), after.map(|a| a.1.as_bytes()));
-        let rows = sqlx::query(
+        let rows = sqlx::query(&self.read(
             "SELECT c.topic, c.name, c.heartbeat_at, \
                (SELECT count(*) FROM gnl_dead_events d WHERE d.topic = c.topic AND d.name = c.name) \
              FROM gnl_consumers c WHERE ? IS NULL OR c.topic > ? OR (c.topic = ? AND c.name > ?) \
-             ORDER BY c.topic, c.name LIMIT ?",
-        )
+             ORDER BY c.topic, c.name LIMIT ?"))
         .bind(t)
         .bind(t)
         .bind(t)

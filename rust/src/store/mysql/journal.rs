@@ -73,10 +73,13 @@ impl MysqlStore {
             .rows_affected())
     }
 
-    async fn steps_of(&self, run_id: &str) -> Result<Vec<StepRow>> {
+    async fn steps_of(&self, run_id: &str, ms: i64) -> Result<Vec<StepRow>> {
         self.counted(1);
-        let rows = sqlx::query(&format!(
+        let rows = sqlx::query(&self.bounded(
+            &format!(
             "SELECT {STEP_COLS} FROM gnl_run_steps WHERE {RUN_WHERE} ORDER BY position, name, n"
+            ),
+            ms,
         ))
         .bind(run_id.as_bytes())
         .bind(run_id.as_bytes())
@@ -85,11 +88,14 @@ impl MysqlStore {
         Ok(rows.iter().map(step_row).collect())
     }
 
-    async fn run_of(&self, run_id: &str) -> Result<Option<(RunRow, i64)>> {
+    async fn run_of(&self, run_id: &str, ms: i64) -> Result<Option<(RunRow, i64)>> {
         self.counted(1);
-        let row = sqlx::query(&format!(
-            "SELECT {RUN_COLS}, {} FROM gnl_runs WHERE {RUN_WHERE}",
-            now_ms!()
+        let row = sqlx::query(&self.bounded(
+            &format!(
+                "SELECT {RUN_COLS}, {} FROM gnl_runs WHERE {RUN_WHERE}",
+                now_ms!()
+            ),
+            ms,
         ))
         .bind(run_id.as_bytes())
         .bind(run_id.as_bytes())
@@ -280,11 +286,11 @@ impl JournalStore for MysqlStore {
                 .bind(s.lease_ms)
         })
         .await?;
-        let (run, now) = match self.run_of(&s.run_id).await? {
+        let (run, now) = match self.run_of(&s.run_id, 0).await? {
             Some((run, now)) => (Some(run), now),
             None => (None, 0),
         };
-        started(run, s, now, || self.steps_of(&s.run_id)).await
+        started(run, s, now, || self.steps_of(&s.run_id, 0)).await
     }
 
     async fn run_renew(&self, run_id: &str, lease_ms: i64) -> Result<bool> {
@@ -341,7 +347,7 @@ impl JournalStore for MysqlStore {
         {
             return Ok(None);
         }
-        Ok(self.run_of(run_id).await?.and_then(|(r, _)| r.result))
+        Ok(self.run_of(run_id, 0).await?.and_then(|(r, _)| r.result))
     }
 
     async fn run_fail(&self, run_id: &str, error: &str) -> Result<bool> {
@@ -363,9 +369,10 @@ impl JournalStore for MysqlStore {
     }
 
     async fn run_get(&self, run_id: &str) -> Result<Option<(RunRow, Vec<StepRow>)>> {
-        match self.run_of(run_id).await? {
+        let ms = self.read_timeout.get();
+        match self.run_of(run_id, ms).await? {
             None => Ok(None),
-            Some((r, _)) => Ok(Some((r, self.steps_of(run_id).await?))),
+            Some((r, _)) => Ok(Some((r, self.steps_of(run_id, ms).await?))),
         }
     }
 
@@ -390,6 +397,7 @@ impl JournalStore for MysqlStore {
         );
         let at = q.before.as_ref().map(|b| b.0);
         let id = q.before.as_ref().map(|b| b.1.as_str());
+        let sql = self.read(&sql);
         let mut query = sqlx::query(&sql);
         if let Some(scan) = q.scan {
             query = query.bind(at).bind(at).bind(at).bind(id).bind(scan);
@@ -416,11 +424,11 @@ impl JournalStore for MysqlStore {
     ) -> Result<Option<(i64, String)>> {
         self.counted(1);
         let at = before.map(|b| b.0);
-        let row = sqlx::query(
+        let row = sqlx::query(&self.read(
             "SELECT created_at, run_id FROM gnl_runs WHERE (? IS NULL OR (created_at <= ? AND \
              (created_at < ? OR run_key < UNHEX(SHA2(?, 256))))) \
              ORDER BY created_at DESC, run_key DESC LIMIT 1 OFFSET ?",
-        )
+        ))
         .bind(at)
         .bind(at)
         .bind(at)

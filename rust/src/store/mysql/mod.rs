@@ -202,6 +202,9 @@ pub struct MysqlStore {
     reclaims: ReclaimThrottle,
     /// This process's wake-ups (MySQL has no watcher: other processes' changes are polled).
     wake: std::sync::Arc<super::Wakeups>,
+    /// The server is MariaDB (its statement timeout is spelled differently: `bounded`).
+    mariadb: bool,
+    read_timeout: super::ReadTimeout,
 }
 
 impl MysqlStore {
@@ -284,7 +287,33 @@ impl MysqlStore {
             union_locks: AtomicBool::new(true),
             reclaims: ReclaimThrottle::new(),
             wake: super::Wakeups::new(false),
+            mariadb: version.to_ascii_lowercase().contains("mariadb"),
+            read_timeout: super::ReadTimeout::default(),
         })
+    }
+
+    /// `select` (a statement that starts with `SELECT `) cut off by the server after `ms`
+    /// (0: not cut off): the one mechanism by which dashboard reads and `count_jobs` are
+    /// bounded (`ReadTimeout`). MySQL reads the `MAX_EXECUTION_TIME` hint (ms, top-level
+    /// SELECTs only); MariaDB ignores it and takes `SET STATEMENT max_statement_time` (s)
+    /// instead, which MySQL does not parse. Either lasts for this statement only.
+    fn bounded(&self, select: &str, ms: i64) -> String {
+        let rest = select
+            .strip_prefix("SELECT ")
+            .expect("a bounded read is a SELECT");
+        match (ms > 0, self.mariadb) {
+            (false, _) => select.to_string(),
+            (true, true) => format!(
+                "SET STATEMENT max_statement_time = {:.3} FOR {select}",
+                ms as f64 / 1000.0
+            ),
+            (true, false) => format!("SELECT /*+ MAX_EXECUTION_TIME({ms}) */ {rest}"),
+        }
+    }
+
+    /// `bounded` by the store's `ReadTimeout`.
+    fn read(&self, select: &str) -> String {
+        self.bounded(select, self.read_timeout.get())
     }
 
     fn counted(&self, n: u64) {
@@ -330,6 +359,10 @@ fn is_syntax_error(db: &dyn sqlx::error::DatabaseError) -> bool {
 impl Store for MysqlStore {
     fn backend(&self) -> &'static str {
         "mysql"
+    }
+
+    fn read_timeout(&self) -> &super::ReadTimeout {
+        &self.read_timeout
     }
 
     fn query_count(&self) -> u64 {

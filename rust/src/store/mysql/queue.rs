@@ -803,10 +803,10 @@ impl QueueStore for MysqlStore {
 
     async fn get_job(&self, org: &str, id: &str) -> Result<Option<JobRow>> {
         self.counted(1);
-        let row = sqlx::query(&format!(
+        let row = sqlx::query(&self.read(&format!(
             "SELECT {JOB_COLS} FROM gnl_jobs \
              WHERE org = ? AND id_key = UNHEX(SHA2(?, 256)) AND id = ?"
-        ))
+        )))
         .bind(org.as_bytes())
         .bind(id.as_bytes())
         .bind(id.as_bytes())
@@ -843,12 +843,12 @@ impl QueueStore for MysqlStore {
         let rows = match &q.scope {
             ListScope::Lane { org, state, typ } => {
                 let after = q.after.as_ref().map(|a| a.1).unwrap_or(0);
-                sqlx::query(&format!(
+                sqlx::query(&self.read(&format!(
                     "SELECT {JOB_COLS} FROM gnl_jobs FORCE INDEX (gnl_jobs_lane_seq) \
                      WHERE org = ? AND seq > ? AND seq <= ? \
                        AND (? IS NULL OR state = ?) AND (? IS NULL OR type = ?) \
                      ORDER BY seq LIMIT ?"
-                ))
+                )))
                 .bind(org.as_bytes())
                 .bind(after)
                 .bind(q.snapshot)
@@ -862,11 +862,11 @@ impl QueueStore for MysqlStore {
             }
             ListScope::All => {
                 let (ao, aq) = q.after.clone().unwrap_or((String::new(), 0));
-                sqlx::query(&format!(
+                sqlx::query(&self.read(&format!(
                     "SELECT {JOB_COLS} FROM gnl_jobs FORCE INDEX (gnl_jobs_lane_seq) \
                      WHERE (org > ? OR (org = ? AND seq > ?)) AND seq <= ? \
                      ORDER BY org, seq LIMIT ?"
-                ))
+                )))
                 .bind(ao.as_bytes())
                 .bind(ao.as_bytes())
                 .bind(aq)
@@ -944,7 +944,7 @@ impl QueueStore for MysqlStore {
     async fn list_orgs(&self, after: Option<&str>, limit: i64) -> Result<Vec<String>> {
         self.counted(1);
         let rows = sqlx::query(
-            "SELECT org FROM gnl_lanes WHERE ? IS NULL OR org > ? ORDER BY org LIMIT ?",
+            &self.read("SELECT org FROM gnl_lanes WHERE ? IS NULL OR org > ? ORDER BY org LIMIT ?"),
         )
         .bind(after.map(str::as_bytes))
         .bind(after.map(str::as_bytes))
@@ -961,34 +961,20 @@ impl QueueStore for MysqlStore {
         since_ms: i64,
         timeout_ms: i64,
     ) -> Result<JobCounts> {
-        self.counted(2);
-        let mut conn = self.pool.acquire().await?;
-        // MySQL reads the MAX_EXECUTION_TIME hint (ms); MariaDB ignores it and takes
-        // SET STATEMENT max_statement_time (s) instead, which MySQL does not parse.
-        let version: String = sqlx::query_scalar("SELECT VERSION()")
-            .fetch_one(&mut *conn)
-            .await?;
-        let ms = timeout_ms.max(1);
-        let prefix = if version.to_ascii_lowercase().contains("mariadb") {
-            format!(
-                "SET STATEMENT max_statement_time = {:.3} FOR ",
-                ms as f64 / 1000.0
-            )
-        } else {
-            String::new()
-        };
-        let rows = sqlx::query(&format!(
-            "{prefix}SELECT /*+ MAX_EXECUTION_TIME({ms}) */ state, \
+        self.counted(1);
+        let rows = sqlx::query(&self.bounded(
+            "SELECT state, \
                     CASE WHEN finished_at >= ? THEN (finished_at - ?) DIV 60000 END AS m, \
                     count(*) \
              FROM (SELECT state, finished_at FROM gnl_jobs FORCE INDEX (gnl_jobs_lane_seq) \
-                   WHERE org = ? ORDER BY seq DESC LIMIT ?) w GROUP BY state, m"
+                   WHERE org = ? ORDER BY seq DESC LIMIT ?) w GROUP BY state, m",
+            timeout_ms.max(1),
         ))
         .bind(since_ms)
         .bind(since_ms)
         .bind(org.as_bytes())
         .bind(scan)
-        .fetch_all(&mut *conn)
+        .fetch_all(&self.pool)
         .await?;
         Ok(job_counts(
             rows.iter()

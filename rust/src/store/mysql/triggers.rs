@@ -26,10 +26,11 @@ fn row(r: &MySqlRow) -> TriggerRow {
 }
 
 impl MysqlStore {
-    async fn trigger_of(&self, id: &str) -> Result<Option<TriggerRow>> {
+    async fn trigger_of(&self, id: &str, ms: i64) -> Result<Option<TriggerRow>> {
         self.counted(1);
-        let r = sqlx::query(&format!(
-            "SELECT {TRIGGER_COLS} FROM gnl_triggers WHERE id = ?"
+        let r = sqlx::query(&self.bounded(
+            &format!("SELECT {TRIGGER_COLS} FROM gnl_triggers WHERE id = ?"),
+            ms,
         ))
         .bind(id)
         .fetch_optional(&self.pool)
@@ -54,7 +55,7 @@ impl TriggerStore for MysqlStore {
             .rows_affected();
         Ok((
             won == 1,
-            registered(self.trigger_of(&def.id).await?, &def.id)?,
+            registered(self.trigger_of(&def.id, 0).await?, &def.id)?,
         ))
     }
 
@@ -90,14 +91,17 @@ impl TriggerStore for MysqlStore {
     }
 
     async fn trigger_get(&self, id: &str) -> Result<Option<TriggerRow>> {
-        self.trigger_of(id).await
+        self.trigger_of(id, self.read_timeout.get()).await
     }
 
-    async fn list_triggers(&self) -> Result<Vec<TriggerRow>> {
+    async fn list_triggers(&self, after: Option<&str>, limit: i64) -> Result<Vec<TriggerRow>> {
         self.counted(1);
-        let rows = sqlx::query(&format!(
-            "SELECT {TRIGGER_COLS} FROM gnl_triggers ORDER BY id"
-        ))
+        let rows = sqlx::query(&self.read(&format!(
+            "SELECT {TRIGGER_COLS} FROM gnl_triggers WHERE ? IS NULL OR id > ? ORDER BY id LIMIT ?"
+        )))
+        .bind(after)
+        .bind(after)
+        .bind(limit)
         .fetch_all(&self.pool)
         .await?;
         Ok(rows.iter().map(row).collect())

@@ -332,6 +332,7 @@ impl EventStore for PostgresStore {
 
     async fn consumer_lag(&self, topic: &str, name: &str) -> Result<Option<ConsumerLag>> {
         self.counted(1);
+        let mut r = self.read().await?;
         let row = sqlx::query(
             "SELECT c.cursor_seq, c.heartbeat_at, \
                (SELECT count(*) FROM gnl_dead_events d WHERE d.topic = c.topic AND d.name = c.name), \
@@ -349,8 +350,9 @@ impl EventStore for PostgresStore {
         )
         .bind(topic)
         .bind(name)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&mut *r)
         .await?;
+        self.done(r).await?;
         Ok(row.map(|r| {
             lag_of(
                 r.get(0),
@@ -372,6 +374,7 @@ impl EventStore for PostgresStore {
         limit: i64,
     ) -> Result<Vec<DeadEventRow>> {
         self.counted(1);
+        let mut r = self.read().await?;
         let rows = sqlx::query(
             "SELECT e.id, d.seq, e.org, d.attempts, d.error, d.at, e.payload, d.handed_back \
              FROM gnl_dead_events d JOIN gnl_events e ON e.topic = d.topic AND e.seq = d.seq \
@@ -381,8 +384,9 @@ impl EventStore for PostgresStore {
         .bind(name)
         .bind(after_seq)
         .bind(limit)
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *r)
         .await?;
+        self.done(r).await?;
         Ok(rows
             .iter()
             .map(|r| DeadEventRow {
@@ -400,6 +404,7 @@ impl EventStore for PostgresStore {
 
     async fn consumers(&self, after: Option<(&str, &str)>, limit: i64) -> Result<Vec<ConsumerRow>> {
         self.counted(1);
+        let mut r = self.read().await?;
         let rows = sqlx::query(
             "SELECT c.topic, c.name, c.heartbeat_at, \
                (SELECT count(*) FROM gnl_dead_events d WHERE d.topic = c.topic AND d.name = c.name) \
@@ -409,8 +414,9 @@ impl EventStore for PostgresStore {
         .bind(after.map(|a| a.0))
         .bind(after.map(|a| a.1))
         .bind(limit)
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *r)
         .await?;
+        self.done(r).await?;
         Ok(rows
             .iter()
             .map(|r| ConsumerRow {

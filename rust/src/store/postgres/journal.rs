@@ -77,25 +77,33 @@ impl PostgresStore {
         }
     }
 
-    async fn steps_of(&self, run_id: &str) -> Result<Vec<StepRow>> {
+    async fn steps_of<'e>(
+        &self,
+        ex: impl sqlx::PgExecutor<'e>,
+        run_id: &str,
+    ) -> Result<Vec<StepRow>> {
         self.counted(1);
         let rows = sqlx::query(&format!(
             "SELECT {STEP_COLS} FROM gnl_run_steps WHERE run_id = $1 ORDER BY position, name, n"
         ))
         .bind(run_id)
-        .fetch_all(&self.pool)
+        .fetch_all(ex)
         .await?;
         Ok(rows.iter().map(step_row).collect())
     }
 
-    async fn run_of(&self, run_id: &str) -> Result<Option<(RunRow, i64)>> {
+    async fn run_of<'e>(
+        &self,
+        ex: impl sqlx::PgExecutor<'e>,
+        run_id: &str,
+    ) -> Result<Option<(RunRow, i64)>> {
         self.counted(1);
         let row = sqlx::query(&format!(
             "SELECT {RUN_COLS}, {} FROM gnl_runs WHERE run_id = $1",
             now_ms!()
         ))
         .bind(run_id)
-        .fetch_optional(&self.pool)
+        .fetch_optional(ex)
         .await?;
         Ok(row.as_ref().map(|r| (run_row(r), r.get(14))))
     }
@@ -242,12 +250,12 @@ impl JournalStore for PostgresStore {
         let (run, now) = match row {
             Some(r) => (Some(run_row(&r)), r.get::<i64, _>(14)),
             // Done, or another workflow's run.
-            None => match self.run_of(&s.run_id).await? {
+            None => match self.run_of(&self.pool, &s.run_id).await? {
                 Some((run, now)) => (Some(run), now),
                 None => (None, 0),
             },
         };
-        started(run, s, now, || self.steps_of(&s.run_id)).await
+        started(run, s, now, || self.steps_of(&self.pool, &s.run_id)).await
     }
 
     async fn run_renew(&self, run_id: &str, lease_ms: i64) -> Result<bool> {
@@ -285,7 +293,10 @@ impl JournalStore for PostgresStore {
         if self.affected(&sql, |q| q.bind(run_id).bind(result)).await? == 1 {
             return Ok(None);
         }
-        Ok(self.run_of(run_id).await?.and_then(|(r, _)| r.result))
+        Ok(self
+            .run_of(&self.pool, run_id)
+            .await?
+            .and_then(|(r, _)| r.result))
     }
 
     async fn run_fail(&self, run_id: &str, error: &str) -> Result<bool> {
@@ -303,14 +314,18 @@ impl JournalStore for PostgresStore {
     }
 
     async fn run_get(&self, run_id: &str) -> Result<Option<(RunRow, Vec<StepRow>)>> {
-        match self.run_of(run_id).await? {
-            None => Ok(None),
-            Some((r, _)) => Ok(Some((r, self.steps_of(run_id).await?))),
-        }
+        let mut c = self.read().await?;
+        let got = match self.run_of(&mut *c, run_id).await? {
+            None => None,
+            Some((r, _)) => Some((r, self.steps_of(&mut *c, run_id).await?)),
+        };
+        self.done(c).await?;
+        Ok(got)
     }
 
     async fn list_runs(&self, q: &RunQuery) -> Result<Vec<RunRow>> {
         self.counted(1);
+        let mut r = self.read().await?;
         const AFTER: &str = "($4::bigint IS NULL OR (created_at, run_id) < ($4, $5::text))";
         const ORDER: &str = "ORDER BY created_at DESC, run_id DESC";
         let from = match q.scan {
@@ -328,8 +343,9 @@ impl JournalStore for PostgresStore {
         .bind(q.before.as_ref().map(|b| b.0))
         .bind(q.before.as_ref().map(|b| b.1.as_str()))
         .bind(q.scan.unwrap_or(0))
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *r)
         .await?;
+        self.done(r).await?;
         Ok(rows.iter().map(run_row).collect())
     }
 
@@ -339,6 +355,7 @@ impl JournalStore for PostgresStore {
         scan: i64,
     ) -> Result<Option<(i64, String)>> {
         self.counted(1);
+        let mut r = self.read().await?;
         let row = sqlx::query(
             "SELECT created_at, run_id FROM gnl_runs \
              WHERE ($1::bigint IS NULL OR (created_at, run_id) < ($1, $2::text)) \
@@ -347,8 +364,9 @@ impl JournalStore for PostgresStore {
         .bind(before.map(|b| b.0))
         .bind(before.map(|b| b.1))
         .bind(scan - 1)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&mut *r)
         .await?;
+        self.done(r).await?;
         Ok(row.map(|r| (r.get(0), r.get(1))))
     }
 

@@ -73,6 +73,34 @@ pub struct PostgresStore {
     opts: PgConnectOptions,
     /// When a call of this store last looked for expired leases (monotonic).
     reclaims: ReclaimThrottle,
+    read_timeout: super::ReadTimeout,
+}
+
+/// A dashboard read's connection (`PostgresStore::read_within`): a transaction whose
+/// statements the server cuts off after the timeout, or a plain pooled connection when
+/// there is none.
+enum Read {
+    Bounded(Tx),
+    Plain(sqlx::pool::PoolConnection<Postgres>),
+}
+
+impl std::ops::Deref for Read {
+    type Target = sqlx::PgConnection;
+    fn deref(&self) -> &Self::Target {
+        match self {
+            Read::Bounded(tx) => tx,
+            Read::Plain(c) => c,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Read {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        match self {
+            Read::Bounded(tx) => &mut *tx,
+            Read::Plain(c) => &mut *c,
+        }
+    }
 }
 
 impl PostgresStore {
@@ -110,6 +138,7 @@ impl PostgresStore {
             wake: super::Wakeups::new(true),
             opts: opts.clone(),
             reclaims: ReclaimThrottle::new(),
+            read_timeout: super::ReadTimeout::default(),
         };
         store.counted(1);
         let (num, text): (String, String) = sqlx::query_as(
@@ -141,6 +170,35 @@ impl PostgresStore {
         self.queries.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// A connection for a read cut off after `ms` (0: not cut off): the one mechanism by
+    /// which dashboard reads and `count_jobs` are bounded (`ReadTimeout`). `SET LOCAL` lasts
+    /// until the transaction ends, so the pool's connections keep no timeout; end the read
+    /// with `done`.
+    async fn read_within(&self, ms: i64) -> Result<Read> {
+        if ms <= 0 {
+            return Ok(Read::Plain(self.pool.acquire().await?));
+        }
+        // One round trip: both statements go as one simple query.
+        self.counted(2);
+        let tx = self
+            .pool
+            .begin_with(format!("BEGIN; SET LOCAL statement_timeout = {ms}"))
+            .await?;
+        Ok(Read::Bounded(tx))
+    }
+
+    /// `read_within` the store's `ReadTimeout`.
+    async fn read(&self) -> Result<Read> {
+        self.read_within(self.read_timeout.get()).await
+    }
+
+    async fn done(&self, r: Read) -> Result<()> {
+        match r {
+            Read::Bounded(tx) => self.commit(tx).await,
+            Read::Plain(_) => Ok(()),
+        }
+    }
+
     async fn begin(&self) -> Result<Tx> {
         self.counted(1);
         Ok(self.pool.begin().await?)
@@ -163,6 +221,10 @@ impl PostgresStore {
 impl Store for PostgresStore {
     fn backend(&self) -> &'static str {
         "postgres"
+    }
+
+    fn read_timeout(&self) -> &super::ReadTimeout {
+        &self.read_timeout
     }
 
     fn query_count(&self) -> u64 {

@@ -834,13 +834,15 @@ impl QueueStore for PostgresStore {
 
     async fn get_job(&self, org: &str, id: &str) -> Result<Option<JobRow>> {
         self.counted(1);
+        let mut r = self.read().await?;
         let row = sqlx::query(&format!(
             "SELECT {JOB_COLS} FROM gnl_jobs WHERE org = $1 AND id = $2"
         ))
         .bind(org)
         .bind(id)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&mut *r)
         .await?;
+        self.done(r).await?;
         Ok(row.as_ref().map(job_row))
     }
 
@@ -865,6 +867,7 @@ impl QueueStore for PostgresStore {
 
     async fn list_jobs(&self, q: &ListQuery) -> Result<Vec<JobRow>> {
         self.counted(1);
+        let mut r = self.read().await?;
         let rows = match &q.scope {
             ListScope::Lane { org, state, typ } => {
                 let after = q.after.as_ref().map(|a| a.1).unwrap_or(0);
@@ -879,7 +882,7 @@ impl QueueStore for PostgresStore {
                 .bind(state.as_deref())
                 .bind(typ.as_deref())
                 .bind(q.limit)
-                .fetch_all(&self.pool)
+                .fetch_all(&mut *r)
                 .await?
             }
             ListScope::All => {
@@ -892,10 +895,11 @@ impl QueueStore for PostgresStore {
                 .bind(aq)
                 .bind(q.snapshot)
                 .bind(q.limit)
-                .fetch_all(&self.pool)
+                .fetch_all(&mut *r)
                 .await?
             }
         };
+        self.done(r).await?;
         Ok(rows.iter().map(job_row).collect())
     }
 
@@ -924,13 +928,16 @@ impl QueueStore for PostgresStore {
 
     async fn list_orgs(&self, after: Option<&str>, limit: i64) -> Result<Vec<String>> {
         self.counted(1);
-        Ok(sqlx::query_scalar(
+        let mut r = self.read().await?;
+        let orgs = sqlx::query_scalar(
             "SELECT org FROM gnl_lanes WHERE $1::text IS NULL OR org > $1 ORDER BY org LIMIT $2",
         )
         .bind(after)
         .bind(limit)
-        .fetch_all(&self.pool)
-        .await?)
+        .fetch_all(&mut *r)
+        .await?;
+        self.done(r).await?;
+        Ok(orgs)
     }
 
     async fn count_jobs(
@@ -955,14 +962,8 @@ impl QueueStore for PostgresStore {
         since_ms: i64,
         timeout_ms: i64,
     ) -> Result<Vec<JobCounts>> {
-        let mut tx = self.begin().await?;
-        self.counted(2);
-        sqlx::query(&format!(
-            "SET LOCAL statement_timeout = {}",
-            timeout_ms.max(1)
-        ))
-        .execute(&mut *tx)
-        .await?;
+        let mut r = self.read_within(timeout_ms.max(1)).await?;
+        self.counted(1);
         let rows: Vec<(i32, String, Option<i64>, i64)> = sqlx::query_as(
             "SELECT o.i::int4, w.state, \
                     CASE WHEN w.finished_at >= $2 THEN (w.finished_at - $2) / 60000 END AS m, \
@@ -975,9 +976,9 @@ impl QueueStore for PostgresStore {
         .bind(orgs)
         .bind(since_ms)
         .bind(scan)
-        .fetch_all(&mut *tx)
+        .fetch_all(&mut *r)
         .await?;
-        self.commit(tx).await?;
+        self.done(r).await?;
         let mut per: Vec<Vec<(String, Option<i64>, i64)>> = vec![Vec::new(); orgs.len()];
         for (i, state, m, n) in rows {
             if let Some(v) = usize::try_from(i - 1).ok().and_then(|i| per.get_mut(i)) {

@@ -14,13 +14,17 @@ fn p(k: usize) -> String {
 }
 
 impl PostgresStore {
-    async fn trigger_of(&self, id: &str) -> Result<Option<TriggerRow>> {
+    async fn trigger_of<'e>(
+        &self,
+        ex: impl sqlx::PgExecutor<'e>,
+        id: &str,
+    ) -> Result<Option<TriggerRow>> {
         self.counted(1);
         let row = sqlx::query(&format!(
             "SELECT {TRIGGER_COLS} FROM gnl_triggers WHERE id = $1"
         ))
         .bind(id)
-        .fetch_optional(&self.pool)
+        .fetch_optional(ex)
         .await?;
         Ok(row.as_ref().map(trigger_row))
     }
@@ -41,7 +45,7 @@ impl TriggerStore for PostgresStore {
             .rows_affected();
         Ok((
             won == 1,
-            registered(self.trigger_of(&def.id).await?, &def.id)?,
+            registered(self.trigger_of(&self.pool, &def.id).await?, &def.id)?,
         ))
     }
 
@@ -78,16 +82,23 @@ impl TriggerStore for PostgresStore {
     }
 
     async fn trigger_get(&self, id: &str) -> Result<Option<TriggerRow>> {
-        self.trigger_of(id).await
+        let mut r = self.read().await?;
+        let row = self.trigger_of(&mut *r, id).await?;
+        self.done(r).await?;
+        Ok(row)
     }
 
-    async fn list_triggers(&self) -> Result<Vec<TriggerRow>> {
+    async fn list_triggers(&self, after: Option<&str>, limit: i64) -> Result<Vec<TriggerRow>> {
         self.counted(1);
+        let mut r = self.read().await?;
         let rows = sqlx::query(&format!(
-            "SELECT {TRIGGER_COLS} FROM gnl_triggers ORDER BY id"
+            "SELECT {TRIGGER_COLS} FROM gnl_triggers WHERE $1::text IS NULL OR id > $1 ORDER BY id LIMIT $2"
         ))
-        .fetch_all(&self.pool)
+        .bind(after)
+        .bind(limit)
+        .fetch_all(&mut *r)
         .await?;
+        self.done(r).await?;
         Ok(rows.iter().map(trigger_row).collect())
     }
 

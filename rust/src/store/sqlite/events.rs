@@ -506,6 +506,7 @@ impl EventStore for SqliteStore {
 
     async fn consumer_lag(&self, topic: &str, name: &str) -> Result<Option<ConsumerLag>> {
         self.counted(1);
+        let mut r = self.read().await?;
         let row = sqlx::query(
             "SELECT c.cursor_seq, c.heartbeat_at, \
                (SELECT count(*) FROM gnl_dead_events d WHERE d.topic = c.topic AND d.name = c.name), \
@@ -524,8 +525,9 @@ impl EventStore for SqliteStore {
         )
         .bind(topic)
         .bind(name)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&mut *r)
         .await?;
+        self.done(r).await?;
         Ok(row.map(|r| {
             lag_of(
                 r.get(0),
@@ -547,6 +549,7 @@ impl EventStore for SqliteStore {
         limit: i64,
     ) -> Result<Vec<DeadEventRow>> {
         self.counted(1);
+        let mut r = self.read().await?;
         let rows = sqlx::query(
             "SELECT e.id, d.seq, e.org, d.attempts, d.error, d.at, e.payload, d.handed_back \
              FROM gnl_dead_events d JOIN gnl_events e ON e.topic = d.topic AND e.seq = d.seq \
@@ -556,8 +559,9 @@ impl EventStore for SqliteStore {
         .bind(name)
         .bind(after_seq)
         .bind(limit)
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *r)
         .await?;
+        self.done(r).await?;
         Ok(rows
             .iter()
             .map(|r| DeadEventRow {
@@ -575,6 +579,7 @@ impl EventStore for SqliteStore {
 
     async fn consumers(&self, after: Option<(&str, &str)>, limit: i64) -> Result<Vec<ConsumerRow>> {
         self.counted(1);
+        let mut r = self.read().await?;
         let rows = sqlx::query(
             "SELECT c.topic, c.name, c.heartbeat_at, \
                (SELECT count(*) FROM gnl_dead_events d WHERE d.topic = c.topic AND d.name = c.name) \
@@ -584,8 +589,9 @@ impl EventStore for SqliteStore {
         .bind(after.map(|a| a.0))
         .bind(after.map(|a| a.1))
         .bind(limit)
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *r)
         .await?;
+        self.done(r).await?;
         Ok(rows
             .iter()
             .map(|r| ConsumerRow {

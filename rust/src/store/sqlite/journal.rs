@@ -30,23 +30,39 @@ impl SqliteStore {
         if let Some(steps) = self.read_steps_now(run_id) {
             return Ok(steps);
         }
+        self.steps_on(&self.pool, run_id).await
+    }
+
+    async fn steps_on<'e>(
+        &self,
+        ex: impl sqlx::SqliteExecutor<'e>,
+        run_id: &str,
+    ) -> Result<Vec<StepRow>> {
         self.counted(1);
         let rows = sqlx::query(&format!(
             "SELECT {STEP_COLS} FROM gnl_run_steps WHERE run_id = ?1 ORDER BY position, name, n"
         ))
         .bind(run_id)
-        .fetch_all(&self.pool)
+        .fetch_all(ex)
         .await?;
         Ok(rows.iter().map(step_row).collect())
     }
 
     async fn run_of(&self, run_id: &str) -> Result<Option<RunRow>> {
+        self.run_on(&self.pool, run_id).await
+    }
+
+    async fn run_on<'e>(
+        &self,
+        ex: impl sqlx::SqliteExecutor<'e>,
+        run_id: &str,
+    ) -> Result<Option<RunRow>> {
         self.counted(1);
         let row = sqlx::query(&format!(
             "SELECT {RUN_COLS} FROM gnl_runs WHERE run_id = ?1"
         ))
         .bind(run_id)
-        .fetch_optional(&self.pool)
+        .fetch_optional(ex)
         .await?;
         Ok(row.as_ref().map(run_row))
     }
@@ -296,14 +312,18 @@ impl JournalStore for SqliteStore {
     }
 
     async fn run_get(&self, run_id: &str) -> Result<Option<(RunRow, Vec<StepRow>)>> {
-        match self.run_of(run_id).await? {
-            None => Ok(None),
-            Some(r) => Ok(Some((r, self.steps_of(run_id).await?))),
-        }
+        let mut c = self.read().await?;
+        let got = match self.run_on(&mut *c, run_id).await? {
+            None => None,
+            Some(r) => Some((r, self.steps_on(&mut *c, run_id).await?)),
+        };
+        self.done(c).await?;
+        Ok(got)
     }
 
     async fn list_runs(&self, q: &RunQuery) -> Result<Vec<RunRow>> {
         self.counted(1);
+        let mut r = self.read().await?;
         const AFTER: &str = "(?4 IS NULL OR created_at < ?4 OR (created_at = ?4 AND run_id < ?5))";
         const ORDER: &str = "ORDER BY created_at DESC, run_id DESC";
         let from = match q.scan {
@@ -320,8 +340,9 @@ impl JournalStore for SqliteStore {
         .bind(q.before.as_ref().map(|b| b.0))
         .bind(q.before.as_ref().map(|b| b.1.as_str()))
         .bind(q.scan.unwrap_or(0))
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *r)
         .await?;
+        self.done(r).await?;
         Ok(rows.iter().map(run_row).collect())
     }
 
@@ -331,6 +352,7 @@ impl JournalStore for SqliteStore {
         scan: i64,
     ) -> Result<Option<(i64, String)>> {
         self.counted(1);
+        let mut r = self.read().await?;
         let row = sqlx::query(
             "SELECT created_at, run_id FROM gnl_runs \
              WHERE (?1 IS NULL OR created_at < ?1 OR (created_at = ?1 AND run_id < ?2)) \
@@ -339,8 +361,9 @@ impl JournalStore for SqliteStore {
         .bind(before.map(|b| b.0))
         .bind(before.map(|b| b.1))
         .bind(scan - 1)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&mut *r)
         .await?;
+        self.done(r).await?;
         Ok(row.map(|r| (r.get(0), r.get(1))))
     }
 

@@ -58,6 +58,40 @@ pub struct SqliteStore {
     wake: std::sync::Arc<super::Wakeups>,
     /// How the `PRAGMA data_version` watcher connects (None: in memory, no other process).
     watch_opts: Option<SqliteConnectOptions>,
+    read_timeout: super::ReadTimeout,
+}
+
+/// Virtual machine instructions between two looks at a bounded read's deadline.
+const PROGRESS_OPS: i32 = 1_000;
+
+/// A dashboard read's pooled connection (`SqliteStore::read_within`): with a deadline,
+/// SQLite's progress handler interrupts its statements once it passed. Dropped before
+/// `done` (the read failed or was canceled), the handler is disarmed: the connection goes
+/// back to the pool with a handler that never interrupts (the next bounded read replaces it).
+struct Read {
+    conn: sqlx::pool::PoolConnection<Sqlite>,
+    armed: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+}
+
+impl std::ops::Deref for Read {
+    type Target = sqlx::SqliteConnection;
+    fn deref(&self) -> &Self::Target {
+        &self.conn
+    }
+}
+
+impl std::ops::DerefMut for Read {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.conn
+    }
+}
+
+impl Drop for Read {
+    fn drop(&mut self) {
+        if let Some(a) = &self.armed {
+            a.store(false, Ordering::Relaxed);
+        }
+    }
 }
 
 /// SQLite's own busy handler sleeps up to 100 ms between tries, so a process waiting for
@@ -207,6 +241,7 @@ impl SqliteStore {
             },
             wake: super::Wakeups::new(false),
             watch_opts,
+            read_timeout: super::ReadTimeout::default(),
         })
     }
 
@@ -310,6 +345,43 @@ impl SqliteStore {
         }
     }
 
+    /// A connection for a read interrupted after `ms` (0: not interrupted): the one
+    /// mechanism by which dashboard reads and `count_jobs` are bounded (`ReadTimeout`).
+    /// SQLite has no statement timeout: a progress handler, called every `PROGRESS_OPS`
+    /// instructions, interrupts the statement past the deadline (`SQLITE_INTERRUPT`). End the
+    /// read with `done`.
+    async fn read_within(&self, ms: i64) -> Result<Read> {
+        let mut conn = self.pool.acquire().await?;
+        if ms <= 0 {
+            return Ok(Read { conn, armed: None });
+        }
+        let armed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let deadline = std::time::Instant::now() + Duration::from_millis(ms as u64);
+        let live = armed.clone();
+        conn.lock_handle()
+            .await?
+            .set_progress_handler(PROGRESS_OPS, move || {
+                !(live.load(Ordering::Relaxed) && std::time::Instant::now() >= deadline)
+            });
+        Ok(Read {
+            conn,
+            armed: Some(armed),
+        })
+    }
+
+    /// `read_within` the store's `ReadTimeout`.
+    async fn read(&self) -> Result<Read> {
+        self.read_within(self.read_timeout.get()).await
+    }
+
+    async fn done(&self, mut r: Read) -> Result<()> {
+        if let Some(a) = r.armed.take() {
+            a.store(false, Ordering::Relaxed);
+            r.conn.lock_handle().await?.remove_progress_handler();
+        }
+        Ok(())
+    }
+
     async fn begin_write(&self) -> Result<Tx<'static>> {
         self.counted(1);
         Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
@@ -326,6 +398,10 @@ impl SqliteStore {
 impl Store for SqliteStore {
     fn backend(&self) -> &'static str {
         "sqlite"
+    }
+
+    fn read_timeout(&self) -> &super::ReadTimeout {
+        &self.read_timeout
     }
 
     fn query_count(&self) -> u64 {

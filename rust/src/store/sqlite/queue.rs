@@ -623,13 +623,15 @@ impl QueueStore for SqliteStore {
 
     async fn get_job(&self, org: &str, id: &str) -> Result<Option<JobRow>> {
         self.counted(1);
+        let mut r = self.read().await?;
         let row = sqlx::query(&format!(
             "SELECT {JOB_COLS} FROM gnl_jobs WHERE org = ?1 AND id = ?2"
         ))
         .bind(org)
         .bind(id)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&mut *r)
         .await?;
+        self.done(r).await?;
         Ok(row.as_ref().map(job_row))
     }
 
@@ -658,6 +660,7 @@ impl QueueStore for SqliteStore {
 
     async fn list_jobs(&self, q: &ListQuery) -> Result<Vec<JobRow>> {
         self.counted(1);
+        let mut r = self.read().await?;
         let rows = match &q.scope {
             ListScope::Lane { org, state, typ } => {
                 let after = q.after.as_ref().map(|a| a.1).unwrap_or(0);
@@ -672,7 +675,7 @@ impl QueueStore for SqliteStore {
                 .bind(state.as_deref())
                 .bind(typ.as_deref())
                 .bind(q.limit)
-                .fetch_all(&self.pool)
+                .fetch_all(&mut *r)
                 .await?
             }
             ListScope::All => {
@@ -685,10 +688,11 @@ impl QueueStore for SqliteStore {
                 .bind(aq)
                 .bind(q.snapshot)
                 .bind(q.limit)
-                .fetch_all(&self.pool)
+                .fetch_all(&mut *r)
                 .await?
             }
         };
+        self.done(r).await?;
         Ok(rows.iter().map(job_row).collect())
     }
 
@@ -741,13 +745,16 @@ impl QueueStore for SqliteStore {
 
     async fn list_orgs(&self, after: Option<&str>, limit: i64) -> Result<Vec<String>> {
         self.counted(1);
-        Ok(sqlx::query_scalar(
+        let mut r = self.read().await?;
+        let orgs = sqlx::query_scalar(
             "SELECT org FROM gnl_lanes WHERE ?1 IS NULL OR org > ?1 ORDER BY org LIMIT ?2",
         )
         .bind(after)
         .bind(limit)
-        .fetch_all(&self.pool)
-        .await?)
+        .fetch_all(&mut *r)
+        .await?;
+        self.done(r).await?;
+        Ok(orgs)
     }
 
     async fn count_jobs(
@@ -755,9 +762,10 @@ impl QueueStore for SqliteStore {
         org: &str,
         scan: i64,
         since_ms: i64,
-        _timeout_ms: i64,
+        timeout_ms: i64,
     ) -> Result<JobCounts> {
         self.counted(1);
+        let mut r = self.read_within(timeout_ms.max(1)).await?;
         let rows: Vec<(String, Option<i64>, i64)> = sqlx::query_as(
             "SELECT state, CASE WHEN finished_at >= ?2 THEN (finished_at - ?2) / 60000 END AS m, \
                     count(*) \
@@ -767,8 +775,9 @@ impl QueueStore for SqliteStore {
         .bind(org)
         .bind(since_ms)
         .bind(scan)
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *r)
         .await?;
+        self.done(r).await?;
         Ok(job_counts(rows))
     }
 }

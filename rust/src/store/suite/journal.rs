@@ -26,7 +26,7 @@ on_every_engine! {
     ],
 }
 
-fn start(run_id: &str, workflow: &str, lease_ms: Option<i64>) -> RunStart {
+pub(crate) fn start(run_id: &str, workflow: &str, lease_ms: Option<i64>) -> RunStart {
     RunStart {
         run_id: run_id.into(),
         workflow: workflow.into(),

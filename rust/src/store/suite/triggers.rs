@@ -19,7 +19,7 @@ on_every_engine! {
     store_and_url: [concurrent_state_writers_have_one_winner],
 }
 
-fn def(id: &str, spec: &str) -> TriggerDef {
+pub(crate) fn def(id: &str, spec: &str) -> TriggerDef {
     TriggerDef {
         id: id.into(),
         name: "wf".into(),
@@ -35,7 +35,7 @@ fn def(id: &str, spec: &str) -> TriggerDef {
     }
 }
 
-fn pending(at: i64) -> TriggerState {
+pub(crate) fn pending(at: i64) -> TriggerState {
     TriggerState {
         state: "pending".into(),
         next_run_at: Some(at),
@@ -154,17 +154,22 @@ pub async fn triggers_are_listed_and_deleted(s: Arc<dyn Store>) {
             .await
             .unwrap();
     }
-    let ids: Vec<_> = s
-        .list_triggers()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| r.def.id)
-        .collect();
-    assert_eq!(ids, ["a", "m", "z"]);
+    let ids = |rows: Vec<crate::store::triggers::TriggerRow>| -> Vec<String> {
+        rows.into_iter().map(|r| r.def.id).collect()
+    };
+    assert_eq!(
+        ids(s.list_triggers(None, 100).await.unwrap()),
+        ["a", "m", "z"]
+    );
+    // A page at a time, after the last id of the page before.
+    assert_eq!(ids(s.list_triggers(None, 2).await.unwrap()), ["a", "m"]);
+    assert_eq!(ids(s.list_triggers(Some("m"), 2).await.unwrap()), ["z"]);
+    assert_eq!(ids(s.list_triggers(Some("b"), 1).await.unwrap()), ["m"]);
+    assert!(s.list_triggers(Some("z"), 2).await.unwrap().is_empty());
+    assert_eq!(s.list_triggers(None, i64::MAX).await.unwrap().len(), 3);
     assert!(s.trigger_delete("m").await.unwrap());
     assert!(!s.trigger_delete("m").await.unwrap());
-    assert_eq!(s.list_triggers().await.unwrap().len(), 2);
+    assert_eq!(s.list_triggers(None, 100).await.unwrap().len(), 2);
     // Deleted, the id is free for another definition.
     let (created, row) = s
         .trigger_register(&def("m", "0 3 * * *"), &pending(1))

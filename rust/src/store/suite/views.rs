@@ -3,8 +3,12 @@
 
 use std::sync::Arc;
 
+use super::journal::start;
+use super::triggers::{def, pending};
 use super::{done, job, req};
 use crate::model::*;
+use crate::store::events::EventOutcome;
+use crate::store::journal::RunQuery;
 use crate::store::{scan_jobs, Store};
 
 on_every_engine! {
@@ -12,8 +16,10 @@ on_every_engine! {
         organizations_are_listed_in_name_order_a_page_at_a_time,
         counts_cover_the_latest_jobs_of_a_lane_up_to_the_bound,
         a_bounded_scan_lists_each_match_once_whatever_the_bound,
+        counts_run_under_the_statement_timeout,
+        dashboard_reads_run_under_the_read_timeout,
     ],
-    servers: [counts_run_under_the_statement_timeout],
+    servers: [],
     store_and_url: [],
 }
 
@@ -132,7 +138,7 @@ pub async fn a_bounded_scan_lists_each_match_once_whatever_the_bound(s: Arc<dyn 
 pub async fn counts_run_under_the_statement_timeout(s: Arc<dyn Store>) {
     let jobs: Vec<NewJob> = (0..100_000).map(|i| job("big", &format!("{i}"))).collect();
     s.enqueue(&jobs).await.unwrap();
-    // 100,000 rows cannot be counted in 1 ms: the server cuts the query off.
+    // 100,000 rows cannot be counted in 1 ms: the engine cuts the query off.
     let err = s.count_jobs("big", 100_000, 0, 1).await;
     assert!(err.is_err(), "not cut off: {err:?}");
     let err = s.count_jobs_of(&["big".into()], 100_000, 0, 1).await;
@@ -142,4 +148,112 @@ pub async fn counts_run_under_the_statement_timeout(s: Arc<dyn Store>) {
         let c = s.count_jobs("big", 100_000, 0, 60_000).await.unwrap();
         assert_eq!(c.scanned, 100_000);
     }
+}
+
+/// The reads Studio's pages make, one by one, each over its whole table: true when it ran to
+/// its end, false when it was cut off. Not here: the key look-ups (`get_job`, `run_get`) and
+/// `runs_edge` (one step along the listing index, which SQLite may take within 1 ms even
+/// over every run): they run under the timeout too, but no table here is big enough that
+/// they cannot end within it.
+async fn dashboard_reads(s: &Arc<dyn Store>, n: i64) -> Vec<(&'static str, bool)> {
+    let snapshot = s.max_seq().await.unwrap();
+    let runs = RunQuery {
+        state: Some("failed".into()),
+        workflow: None,
+        limit: n,
+        before: None,
+        scan: Some(n),
+    };
+    let jobs = ListQuery {
+        scope: ListScope::All,
+        snapshot,
+        after: None,
+        limit: n,
+    };
+    vec![
+        ("list_orgs", s.list_orgs(None, n).await.is_ok()),
+        ("list_jobs", s.list_jobs(&jobs).await.is_ok()),
+        ("list_runs", s.list_runs(&runs).await.is_ok()),
+        ("list_triggers", s.list_triggers(None, n).await.is_ok()),
+        ("consumers", s.consumers(None, n).await.is_ok()),
+        ("dead_events", s.dead_events("t", "c", 0, n).await.is_ok()),
+        ("consumer_lag", s.consumer_lag("t", "c").await.is_ok()),
+    ]
+}
+
+pub async fn dashboard_reads_run_under_the_read_timeout(s: Arc<dyn Store>) {
+    // Enough rows that none of the reads below ends in 1 ms on any engine.
+    const N: usize = 40_000;
+    let jobs: Vec<NewJob> = (0..N).map(|i| job(&format!("o{i:06}"), "1")).collect();
+    s.enqueue(&jobs).await.unwrap();
+    // A consumer with N quarantined events, and N events behind its cursor.
+    let events = |from: usize| {
+        let mut b = JobBatch::default();
+        for i in from..from + N {
+            b.push("", &format!("e{i}"), "", "{}", Due::Now, None);
+        }
+        b
+    };
+    s.emit("t", &events(0)).await.unwrap();
+    assert!(s.consumer_open("t", "c", 1).await.unwrap());
+    let mut quarantined = 0;
+    loop {
+        let got = s.event_fetch("t", "c", 1, N as i64).await.unwrap().unwrap();
+        if got.is_empty() {
+            break;
+        }
+        quarantined += got.len();
+        let dead: Vec<EventOutcome> = got
+            .iter()
+            .map(|e| EventOutcome::Failed {
+                seq: e.seq,
+                error: "boom".into(),
+                retry_after_ms: None,
+            })
+            .collect();
+        assert!(s.event_settle("t", "c", 1, &dead).await.unwrap());
+    }
+    assert_eq!(quarantined, N);
+    s.emit("t", &events(N)).await.unwrap();
+    // Triggers and runs, written by 8 tasks at once.
+    const M: usize = 20_000;
+    let mut tasks = Vec::new();
+    for w in 0..8 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in (w..M).step_by(8) {
+                s.trigger_register(&def(&format!("t{i:06}"), "* * * * *"), &pending(1))
+                    .await
+                    .unwrap();
+                s.run_start(&start(&format!("r{i:06}"), "wf", None))
+                    .await
+                    .unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let all = |ok: bool, reads: Vec<(&'static str, bool)>| {
+        let wrong: Vec<_> = reads.iter().filter(|r| r.1 != ok).map(|r| r.0).collect();
+        assert!(wrong.is_empty(), "expected ok={ok}: {wrong:?}");
+    };
+    let n = (N as i64) * 2;
+    // No timeout (the default): every read runs to its end.
+    all(true, dashboard_reads(&s, n).await);
+    // 1 ms: each is cut off.
+    s.read_timeout().set(1);
+    all(false, dashboard_reads(&s, n).await);
+    // A minute: each ends, and a cut-off left nothing behind on the pool's connections.
+    s.read_timeout().set(60_000);
+    for _ in 0..3 {
+        all(true, dashboard_reads(&s, n).await);
+        assert!(s.runs_edge(None, M as i64).await.unwrap().is_some());
+        assert!(s.get_job("o000001", "1").await.unwrap().is_some());
+        assert!(s.run_get("r000001").await.unwrap().is_some());
+    }
+    s.read_timeout().set(0);
+    all(true, dashboard_reads(&s, n).await);
+    let jobs = s.count_jobs("o000001", 10, 0, 60_000).await.unwrap();
+    assert_eq!(jobs.scanned, 1);
 }
