@@ -559,13 +559,12 @@ async def test_a_critical_run_whose_lock_is_taken_stops_with_lease_lost(
     assert calls == {"a": 1}
 
 
-async def test_sqlite_steps_wait_for_another_writer(storage: gnl.Storage, backend: str) -> None:
-    if backend != "sqlite":
-        pytest.skip("SQLite's fast path")
+async def hold_write_lock(storage: gnl.Storage, seconds: float) -> asyncio.subprocess.Process:
+    """Another process holding the SQLite file's write lock for ``seconds``, once it holds it
+    (in this process the stdlib's own SQLite would share the process's POSIX locks with gnl's,
+    and not block it)."""
     import sys
 
-    # Another process holds the file's write lock for 1 s (in this process the stdlib's own
-    # SQLite would share the process's POSIX locks with gnl's, and not block it).
     path = storage.url.removeprefix("sqlite:///")
     blocker = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -573,11 +572,19 @@ async def test_sqlite_steps_wait_for_another_writer(storage: gnl.Storage, backen
         "import sqlite3, sys, time\n"
         "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
         "c.execute('BEGIN IMMEDIATE'); print('held', flush=True)\n"
-        "time.sleep(1.0); c.execute('COMMIT')",
+        "time.sleep(float(sys.argv[2])); c.execute('COMMIT')",
         path,
+        str(seconds),
         stdout=asyncio.subprocess.PIPE,
     )
     assert blocker.stdout is not None and await blocker.stdout.readline() == b"held\n"
+    return blocker
+
+
+async def test_sqlite_steps_wait_for_another_writer(storage: gnl.Storage, backend: str) -> None:
+    if backend != "sqlite":
+        pytest.skip("SQLite's fast path")
+    blocker = await hold_write_lock(storage, 1.0)
 
     async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
         return [await ctx.step("s", lambda i=i: i) for i in range(3)]
@@ -587,6 +594,42 @@ async def test_sqlite_steps_wait_for_another_writer(storage: gnl.Storage, backen
     await asyncio.sleep(0.4)
     assert not run.done()
     assert await asyncio.wait_for(run, 30) == [0, 1, 2]
+    assert await asyncio.wait_for(blocker.wait(), 10) == 0
+
+
+async def test_sqlite_a_run_finishes_and_releases_its_lock_after_another_writer(
+    storage: gnl.Storage, backend: str
+) -> None:
+    # A critical run started on SQLite's fast path ends while another process holds the
+    # file's write lock: its finish and its lock's release wait for it on the async path
+    # (the event loop runs meanwhile), and the run is done, its lock free. A finished run's
+    # result is then read back even while another writer holds the lock.
+    if backend != "sqlite":
+        pytest.skip("SQLite's fast path")
+    reached, go = asyncio.Event(), asyncio.Event()
+
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        a = await ctx.step("a", lambda: 1)
+        reached.set()
+        await go.wait()
+        return {"a": a}
+
+    g = gnl.create_gnl(storage, {"wf": wf}, preset="critical")
+    run = asyncio.create_task(g.run_workflow("wf", run_id="r"))
+    await asyncio.wait_for(reached.wait(), 30)
+    blocker = await hold_write_lock(storage, 1.0)
+    go.set()
+    await asyncio.sleep(0.4)
+    assert not run.done()
+    assert await asyncio.wait_for(run, 30) == {"a": 1}
+    assert await asyncio.wait_for(blocker.wait(), 10) == 0
+    info = await gnl.get_run(storage, "r")
+    assert info is not None and (info.state, info.result) == ("done", {"a": 1})
+    native = storage._native
+    assert await _native.lock_acquire(native, "r", "next", 60_000) is not None, "lock released"
+    blocker = await hold_write_lock(storage, 1.0)
+    plain = gnl.create_gnl(storage, {"wf": wf})
+    assert await asyncio.wait_for(plain.run_workflow("wf", run_id="r"), 30) == {"a": 1}
     assert await asyncio.wait_for(blocker.wait(), 10) == 0
 
 

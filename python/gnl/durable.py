@@ -529,10 +529,17 @@ async def execute(
         _native.encode_json(input, "input")  # refused before anything is written
     owner = _owner()
     job = steps is not None
+    # SQLite starts and finishes a run, and takes and releases its run lock, at once on this
+    # thread when it can (``run_start(..., now=True)`` comes back resolved; ``*_now``
+    # None/False: not done, nothing written), without the async round trips that cost more
+    # than the statements (a finished run's read-back, a resume's start and finish).
+    fast = native.backend == "sqlite"
     lock: int | None = None
     sent = time.monotonic()
     if preset == "critical":
-        lock = await _native.lock_acquire(native, run_id, owner, lease_ms)
+        lock = _native.lock_acquire_now(native, run_id, owner, lease_ms) if fast else None
+        if lock is None:
+            lock = await _native.lock_acquire(native, run_id, owner, lease_ms)
         if lock is None:
             raise RunBusyError(
                 f"run {run_id!r} is being executed elsewhere (its run lock is held)",
@@ -541,7 +548,7 @@ async def execute(
     keeper: _native.RunKeeper | None = None
     try:
         state, result, rec_input, rec_slot, created, now, recorded = await _native.run_start(
-            native, run_id, workflow, preset, input, slot, owner, None if job else lease_ms
+            native, run_id, workflow, preset, input, slot, owner, None if job else lease_ms, fast
         )
         if state == "done":
             return _loads(result)
@@ -579,7 +586,10 @@ async def execute(
         ctx = WorkflowContext(steps, journal, rec_slot)
         try:
             value = await fn(ctx, input)
-            kept = await _native.run_finish(native, run_id, value)
+            if fast and _native.run_finish_now(native, run_id, value):
+                kept = None
+            else:
+                kept = await _native.run_finish(native, run_id, value)
         except _Suspend as s:
             return RunSuspended(s.wake_at)
         except Exception as e:
@@ -590,8 +600,9 @@ async def execute(
         return value if kept is None else _loads(kept)
     finally:
         if keeper is not None:
-            await keeper.stop()
-        elif lock is not None:
+            if not keeper.stop_now():
+                await keeper.stop()
+        elif lock is not None and not (fast and _native.lock_release_now(native, run_id, lock)):
             with contextlib.suppress(Exception):
                 await _native.lock_release(native, run_id, lock)
 

@@ -7,10 +7,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
+use pyo3::types::{PyList, PyString};
 
 use super::errors::{to_py, InvalidArgumentError};
-use super::{json, spawn, with_python, NativeStore};
-use crate::store::journal::{check_key, RunQuery, RunRow, RunStart, StepRow, RUN_STATES};
+use super::{json, ready, spawn, with_python, NativeStore};
+use crate::store::journal::{
+    check_key, RunQuery, RunRow, RunStart, RunStarted, StepRow, RUN_STATES,
+};
 use crate::store::Store;
 
 /// A step as Python sees it: `(name, n, position, state, result_json, started_at)`.
@@ -18,6 +21,42 @@ type PyStep = (String, i64, i64, String, Option<String>, i64);
 
 fn py_step(s: StepRow) -> PyStep {
     (s.name, s.n, s.position, s.state, s.result, s.started_at)
+}
+
+/// A run's steps as Python sees them: a list of `PyStep` tuples, where a name or a state equal
+/// to the previous step's is the same Python string (a resume of 1,000 `"noop"` steps makes
+/// two strings, not 2,000).
+struct PySteps(Vec<StepRow>);
+
+impl<'py> IntoPyObject<'py> for PySteps {
+    type Target = PyList;
+    type Output = Bound<'py, PyList>;
+    type Error = PyErr;
+
+    fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        fn same<'py>(
+            py: Python<'py>,
+            last: &mut Option<(String, Bound<'py, PyString>)>,
+            text: String,
+        ) -> Bound<'py, PyString> {
+            match last {
+                Some((t, o)) if *t == text => o.clone(),
+                _ => {
+                    let o = PyString::new(py, &text);
+                    *last = Some((text, o.clone()));
+                    o
+                }
+            }
+        }
+        let (mut name, mut state) = (None, None);
+        let mut items = Vec::with_capacity(self.0.len());
+        for s in self.0 {
+            let n = same(py, &mut name, s.name);
+            let st = same(py, &mut state, s.state);
+            items.push((n, s.n, s.position, st, s.result, s.started_at).into_pyobject(py)?);
+        }
+        PyList::new(py, items)
+    }
 }
 
 /// A run's record, for `gnl.RunInfo` (JSON fields still as text).
@@ -197,10 +236,36 @@ fn step_resolve<'py>(
     })
 }
 
+/// `run_start`'s answer as Python sees it: `(state, result, input, scheduled_for, created,
+/// now_ms, steps)`.
+type PyStarted = (
+    String,
+    Option<String>,
+    Option<String>,
+    Option<i64>,
+    bool,
+    i64,
+    PySteps,
+);
+
+fn py_started(st: RunStarted) -> PyStarted {
+    (
+        st.run.state,
+        st.run.result,
+        st.run.input,
+        st.run.scheduled_for,
+        st.created,
+        st.now_ms,
+        PySteps(st.steps),
+    )
+}
+
 /// Start an execution: `(state, result, input, scheduled_for, created, now_ms, steps)` (steps in position
-/// order; see `JournalStore::run_start`).
+/// order; see `JournalStore::run_start`). With `now`, done at once on the calling thread when
+/// the store can (`JournalStore::run_start_now`): the future comes back resolved, and
+/// awaiting it does not yield to the loop.
 #[pyfunction]
-#[pyo3(signature = (store, run_id, workflow, preset, input, scheduled_for, owner, lease_ms))]
+#[pyo3(signature = (store, run_id, workflow, preset, input, scheduled_for, owner, lease_ms, now=false))]
 #[allow(clippy::too_many_arguments)]
 fn run_start<'py>(
     py: Python<'py>,
@@ -212,6 +277,7 @@ fn run_start<'py>(
     scheduled_for: Option<i64>,
     owner: String,
     lease_ms: Option<i64>,
+    now: bool,
 ) -> PyResult<Bound<'py, PyAny>> {
     check_key("run_id", &run_id).map_err(to_py)?;
     check_key("workflow name", &workflow).map_err(to_py)?;
@@ -223,7 +289,6 @@ fn run_start<'py>(
     } else {
         Some(json::encode(input, "input")?)
     };
-    let s = store.inner.clone();
     let start = RunStart {
         run_id,
         workflow,
@@ -233,18 +298,16 @@ fn run_start<'py>(
         owner,
         lease_ms,
     };
-    spawn(py, async move {
-        let st = s.run_start(&start).await?;
-        Ok((
-            st.run.state,
-            st.run.result,
-            st.run.input,
-            st.run.scheduled_for,
-            st.created,
-            st.now_ms,
-            st.steps.into_iter().map(py_step).collect::<Vec<_>>(),
-        ))
-    })
+    let s = store.inner.clone();
+    if now {
+        if let Some(st) = py.detach(|| s.run_start_now(&start)) {
+            return ready(py, py_started(st));
+        }
+    }
+    spawn(
+        py,
+        async move { Ok(py_started(s.run_start(&start).await?)) },
+    )
 }
 
 /// A running run sleeps until `wake_at`.
@@ -271,6 +334,18 @@ fn run_finish<'py>(
     let text = json::encode(value, "the workflow's result")?;
     let s = store.inner.clone();
     spawn(py, async move { s.run_finish(&run_id, &text).await })
+}
+
+/// `run_finish` at once, on the calling thread, when the store can
+/// (`JournalStore::run_finish_now`): True when this call recorded `value` (checked as JSON
+/// first), False when not done (then call `run_finish`).
+#[pyfunction]
+fn run_finish_now(store: &NativeStore, run_id: &str, value: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let text = json::encode(value, "the workflow's result")?;
+    let s = store.inner.clone();
+    Ok(value
+        .py()
+        .detach(|| s.run_finish_now(run_id, &text).is_some()))
 }
 
 /// The run's execution failed with `error`.
@@ -433,6 +508,30 @@ fn lock_acquire<'py>(
     )
 }
 
+/// `lock_acquire` at once, on the calling thread, when the store can
+/// (`JournalStore::lock_acquire_now`): the token, or None when not taken (then call
+/// `lock_acquire`, which also answers whether it is held).
+#[pyfunction]
+fn lock_acquire_now(
+    py: Python<'_>,
+    store: &NativeStore,
+    key: &str,
+    owner: &str,
+    ttl_ms: i64,
+) -> PyResult<Option<i64>> {
+    check_key("lock key", key).map_err(to_py)?;
+    let s = store.inner.clone();
+    Ok(py.detach(|| s.lock_acquire_now(key, owner, ttl_ms)))
+}
+
+/// `lock_release` at once, on the calling thread, when the store can: True when released,
+/// False when not done (then call `lock_release`).
+#[pyfunction]
+fn lock_release_now(py: Python<'_>, store: &NativeStore, key: &str, token: i64) -> bool {
+    let s = store.inner.clone();
+    py.detach(|| s.lock_release_now(key, token).is_some())
+}
+
 /// Release lock `key` held with `token`.
 #[pyfunction]
 fn lock_release<'py>(
@@ -453,10 +552,16 @@ fn lock_release<'py>(
 /// take it (the queue's lease-loss rule, docs/DECISIONS.md). It is lost when a renewal answers
 /// that it is not ours, or at that deadline: `on_lost("lease-lost")` is then scheduled on the
 /// loop. `held()` answers from the same deadline, without a store call, so a caller checks it
-/// right before a side effect. `stop()` ends the task and releases the lock.
+/// right before a side effect. `stop()` ends the task and releases the lock; `stop_now()` ends
+/// a keeper without a lock at once, unless a renewal is in flight.
 #[pyclass(module = "gnl._native")]
 pub struct RunKeeper {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+    /// True once stopped; the task holds it while a renewal is in flight, so `stop_now` knows
+    /// that none runs after it returns.
+    stopped: Arc<tokio::sync::Mutex<bool>>,
+    /// Whether it keeps a run lock (released by `stop()`).
+    locks: bool,
     task: Option<tokio::task::JoinHandle<Option<(String, i64)>>>,
     store: Arc<dyn Store>,
     /// Until when the lock counts as held; `None`: lost (or there is no lock).
@@ -506,6 +611,9 @@ impl RunKeeper {
             });
         };
         let until = held_until.clone();
+        let stopped = Arc::new(tokio::sync::Mutex::new(false));
+        let gate = stopped.clone();
+        let locks = lock_key.is_some();
         let rt = pyo3_async_runtimes::tokio::get_runtime();
         let task = rt.spawn(async move {
             let mut lock = lock_key.map(|k| (k, lock_token));
@@ -527,6 +635,10 @@ impl RunKeeper {
                         give_up(&mut lock);
                         continue;
                     }
+                }
+                let gate = gate.lock().await;
+                if *gate {
+                    return lock;
                 }
                 let at = Instant::now();
                 // (renewed without error, the lock refused as not ours)
@@ -561,10 +673,13 @@ impl RunKeeper {
                 } else if lock.is_some() && Instant::now() >= deadline {
                     give_up(&mut lock);
                 }
+                drop(gate);
             }
         });
         Ok(RunKeeper {
             stop: Some(tx),
+            stopped,
+            locks,
             task: Some(task),
             store: store.inner.clone(),
             held_until,
@@ -578,6 +693,24 @@ impl RunKeeper {
             .lock()
             .unwrap()
             .is_some_and(|t| Instant::now() < t)
+    }
+
+    /// Stop renewing at once, without a store call: True when stopped (no renewal runs after
+    /// this); False, changing nothing, when it keeps a run lock or a renewal is in flight
+    /// (then await `stop()`).
+    fn stop_now(&mut self) -> bool {
+        if self.locks {
+            return false;
+        }
+        let Ok(mut stopped) = self.stopped.try_lock() else {
+            return false;
+        };
+        *stopped = true;
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        self.task = None;
+        true
     }
 
     /// Stop renewing and release the run lock (if still held; a failed release is left to
@@ -613,12 +746,15 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run_start, m)?)?;
     m.add_function(wrap_pyfunction!(run_suspend, m)?)?;
     m.add_function(wrap_pyfunction!(run_finish, m)?)?;
+    m.add_function(wrap_pyfunction!(run_finish_now, m)?)?;
     m.add_function(wrap_pyfunction!(run_fail, m)?)?;
     m.add_function(wrap_pyfunction!(run_get, m)?)?;
     m.add_function(wrap_pyfunction!(list_runs, m)?)?;
     m.add_function(wrap_pyfunction!(scan_runs, m)?)?;
     m.add_function(wrap_pyfunction!(runs_due, m)?)?;
     m.add_function(wrap_pyfunction!(lock_acquire, m)?)?;
+    m.add_function(wrap_pyfunction!(lock_acquire_now, m)?)?;
     m.add_function(wrap_pyfunction!(lock_release, m)?)?;
+    m.add_function(wrap_pyfunction!(lock_release_now, m)?)?;
     Ok(())
 }

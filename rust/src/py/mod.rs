@@ -68,6 +68,16 @@ fn cached<'py>(
     .map(|f| f.bind(py).clone())
 }
 
+/// An asyncio future already holding `value` (a call done at once, in `spawn`'s shape):
+/// awaiting it does not yield to the loop.
+fn ready<'py, T: IntoPyObject<'py>>(py: Python<'py>, value: T) -> PyResult<Bound<'py, PyAny>> {
+    let fut = cached(&GET_LOOP, py, "asyncio", "get_running_loop")?
+        .call0()?
+        .call_method0("create_future")?;
+    fut.call_method1("set_result", (value.into_bound_py_any(py)?,))?;
+    Ok(fut)
+}
+
 /// Run `fut` on the tokio runtime and return an asyncio future for its result.
 ///
 /// The result is handed to the loop with `call_soon_threadsafe` from a native thread that

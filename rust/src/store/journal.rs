@@ -197,6 +197,13 @@ pub trait JournalStore: Send + Sync {
     /// under the same run id is refused (`InvalidArgument`), nothing written.
     async fn run_start(&self, start: &RunStart) -> Result<RunStarted>;
 
+    /// `run_start` at once on the calling thread, when the engine can (SQLite: see
+    /// `sqlite/now.rs`); `None` when it did not (a lock held, a refusal to report, an error,
+    /// another engine): use `run_start`, which then does all of it (nothing was written).
+    fn run_start_now(&self, _start: &RunStart) -> Option<RunStarted> {
+        None
+    }
+
     /// Renew a running run's lease (by whoever executes it). False when it is not running.
     async fn run_renew(&self, run_id: &str, lease_ms: i64) -> Result<bool>;
 
@@ -206,6 +213,13 @@ pub trait JournalStore: Send + Sync {
     /// The run returned `result` (JSON): state done unless it is done already. Returns `None`
     /// when this call recorded it, else the result recorded first.
     async fn run_finish(&self, run_id: &str, result: &str) -> Result<Option<String>>;
+
+    /// `run_finish` at once on the calling thread, when the engine can: `Some(())` when this
+    /// call recorded the result; `None` when it did not (a lock held, the run done already, an
+    /// error, another engine): use `run_finish`.
+    fn run_finish_now(&self, _run_id: &str, _result: &str) -> Option<()> {
+        None
+    }
 
     /// The run's execution failed with `error`: state failed (not the waker's to resume; a
     /// later `run_workflow` runs it again), unless it is done.
@@ -242,12 +256,26 @@ pub trait JournalStore: Send + Sync {
     /// any token the lock had), or `None` when it is held.
     async fn lock_acquire(&self, key: &str, owner: &str, ttl_ms: i64) -> Result<Option<i64>>;
 
+    /// `lock_acquire` at once on the calling thread, when the engine can: `Some(token)` when
+    /// this call took the lock; `None` when it did not (held, a lock of the store's held, an
+    /// error, another engine): use `lock_acquire`.
+    fn lock_acquire_now(&self, _key: &str, _owner: &str, _ttl_ms: i64) -> Option<i64> {
+        None
+    }
+
     /// Extend the lock held with `token`; false when it is not held with that token any more.
     async fn lock_renew(&self, key: &str, token: i64, ttl_ms: i64) -> Result<bool>;
 
     /// Release the lock held with `token` (it expires; its row keeps the token count, so the
     /// next holder's token is fresh); false when it was not held with it.
     async fn lock_release(&self, key: &str, token: i64) -> Result<bool>;
+
+    /// `lock_release` at once on the calling thread, when the engine can: `Some(())` when
+    /// this call released it; `None` when it did not (not held with `token`, a lock of the
+    /// store's held, an error, another engine): use `lock_release`.
+    fn lock_release_now(&self, _key: &str, _token: i64) -> Option<()> {
+        None
+    }
 }
 
 /// The columns of a `RunRow`, in order (`run_row`).
@@ -315,6 +343,20 @@ pub(crate) fn kept(row: Option<StepRow>, run_id: &str, name: &str) -> Result<Opt
     }
 }
 
+/// The run an engine's `run_start` read back after its upsert, checked: refused when it is
+/// another workflow's; with whether this call created it (token 1) and whether its steps are
+/// to be read (a resumed run's; a created or done one has none to read).
+pub(crate) fn started_run(run: Option<RunRow>, start: &RunStart) -> Result<(RunRow, bool, bool)> {
+    let run = run.ok_or_else(|| Error::Store {
+        message: format!("run {:?} vanished while it started", start.run_id),
+        code: None,
+    })?;
+    check_workflow(&run, &start.workflow)?;
+    let created = run.state != "done" && run.token == 1;
+    let read = !created && run.state != "done";
+    Ok((run, created, read))
+}
+
 /// The answer to `run_start` once the engine has the run's record after its upsert: a done
 /// run (or one of another workflow: refused) comes back as it is; a resumed one with its
 /// steps (`steps`, one read); a created one (token 1) has none to read.
@@ -328,17 +370,8 @@ where
     F: FnOnce() -> Fut,
     Fut: std::future::Future<Output = Result<Vec<StepRow>>>,
 {
-    let run = run.ok_or_else(|| Error::Store {
-        message: format!("run {:?} vanished while it started", start.run_id),
-        code: None,
-    })?;
-    check_workflow(&run, &start.workflow)?;
-    let created = run.state != "done" && run.token == 1;
-    let steps = if created || run.state == "done" {
-        vec![]
-    } else {
-        steps().await?
-    };
+    let (run, created, read) = started_run(run, start)?;
+    let steps = if read { steps().await? } else { vec![] };
     Ok(RunStarted {
         run,
         steps,

@@ -4,6 +4,8 @@
 //! for it at once, so no transaction upgrades a read lock); runs the waker claims are taken in
 //! one `UPDATE … RETURNING`.
 
+use std::sync::LazyLock;
+
 use async_trait::async_trait;
 use sqlx::sqlite::SqliteArguments;
 use sqlx::{Arguments, Row};
@@ -11,6 +13,41 @@ use sqlx::{Arguments, Row};
 use super::SqliteStore;
 use crate::error::{Error, Result};
 use crate::store::journal::*;
+
+/// A run's record.
+pub(super) static RUN_READ: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT {RUN_COLS} FROM gnl_runs WHERE run_id = ?1"));
+
+/// `run_start`'s write: create the run, or make it running again unless it is done or
+/// another workflow's (then no row).
+pub(super) static RUN_UPSERT: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "INSERT INTO gnl_runs (run_id, workflow, preset, state, input, scheduled_for, \
+         lease_owner, lease_expires_at, due_at, token, created_at, updated_at) \
+         VALUES (?1, ?2, ?3, 'running', ?4, ?5, ?6, ?7, ?7, 1, ?8, ?8) \
+         ON CONFLICT (run_id) DO UPDATE SET state = 'running', \
+         lease_owner = excluded.lease_owner, lease_expires_at = excluded.lease_expires_at, \
+         due_at = excluded.due_at, error = NULL, token = gnl_runs.token + 1, \
+         updated_at = excluded.updated_at \
+         WHERE gnl_runs.state <> 'done' AND gnl_runs.workflow = excluded.workflow \
+         RETURNING {RUN_COLS}"
+    )
+});
+
+/// `run_finish`'s write (`?1` run id, `?2` result, `?3` now): one row when it recorded it.
+pub(super) const RUN_FINISH: &str = "UPDATE gnl_runs SET state = 'done', result = ?2, \
+     error = NULL, wake_at = NULL, due_at = NULL, lease_owner = NULL, lease_expires_at = NULL, \
+     updated_at = ?3 WHERE run_id = ?1 AND state <> 'done'";
+
+/// `lock_acquire`'s write (`?1` key, `?2` owner, `?3` expiry, `?4` now): the token when taken.
+pub(super) const LOCK_ACQUIRE: &str = "INSERT INTO gnl_locks (lock_key, owner, token, \
+     expires_at) VALUES (?1, ?2, 1, ?3) ON CONFLICT (lock_key) DO UPDATE SET \
+     owner = excluded.owner, token = gnl_locks.token + 1, expires_at = excluded.expires_at \
+     WHERE gnl_locks.expires_at <= ?4 RETURNING token";
+
+/// `lock_release`'s write (`?1` key, `?2` token): one row when released.
+pub(super) const LOCK_RELEASE: &str =
+    "UPDATE gnl_locks SET expires_at = 0 WHERE lock_key = ?1 AND token = ?2";
 
 /// The kept row of a step that this call did not record.
 const STEP_GET: &str = "SELECT name, n, position, state, result, started_at, finished_at \
@@ -58,12 +95,10 @@ impl SqliteStore {
         run_id: &str,
     ) -> Result<Option<RunRow>> {
         self.counted(1);
-        let row = sqlx::query(&format!(
-            "SELECT {RUN_COLS} FROM gnl_runs WHERE run_id = ?1"
-        ))
-        .bind(run_id)
-        .fetch_optional(ex)
-        .await?;
+        let row = sqlx::query(&RUN_READ)
+            .bind(run_id)
+            .fetch_optional(ex)
+            .await?;
         Ok(row.as_ref().map(run_row))
     }
 }
@@ -217,33 +252,27 @@ impl JournalStore for SqliteStore {
         let row = {
             let _w = self.write.lock().await;
             self.counted(1);
-            sqlx::query(&format!(
-                "INSERT INTO gnl_runs (run_id, workflow, preset, state, input, scheduled_for, \
-                 lease_owner, lease_expires_at, due_at, token, created_at, updated_at) \
-                 VALUES (?1, ?2, ?3, 'running', ?4, ?5, ?6, ?7, ?7, 1, ?8, ?8) \
-                 ON CONFLICT (run_id) DO UPDATE SET state = 'running', \
-                 lease_owner = excluded.lease_owner, lease_expires_at = excluded.lease_expires_at, \
-                 due_at = excluded.due_at, error = NULL, token = gnl_runs.token + 1, \
-                 updated_at = excluded.updated_at \
-                 WHERE gnl_runs.state <> 'done' AND gnl_runs.workflow = excluded.workflow \
-                 RETURNING {RUN_COLS}"
-            ))
-            .bind(&s.run_id)
-            .bind(&s.workflow)
-            .bind(&s.preset)
-            .bind(&s.input)
-            .bind(s.scheduled_for)
-            .bind(&s.owner)
-            .bind(lease_until)
-            .bind(now)
-            .fetch_optional(&self.pool)
-            .await?
+            sqlx::query(&RUN_UPSERT)
+                .bind(&s.run_id)
+                .bind(&s.workflow)
+                .bind(&s.preset)
+                .bind(&s.input)
+                .bind(s.scheduled_for)
+                .bind(&s.owner)
+                .bind(lease_until)
+                .bind(now)
+                .fetch_optional(&self.pool)
+                .await?
         };
         let run = match row.as_ref().map(run_row) {
             Some(run) => Some(run),
             None => self.run_of(&s.run_id).await?, // done, or another workflow's run
         };
         started(run, s, now, || self.steps_of(&s.run_id)).await
+    }
+
+    fn run_start_now(&self, s: &RunStart) -> Option<RunStarted> {
+        self.start_run_now(s)
     }
 
     async fn run_renew(&self, run_id: &str, lease_ms: i64) -> Result<bool> {
@@ -281,18 +310,15 @@ impl JournalStore for SqliteStore {
         add(&mut a, run_id)?;
         add(&mut a, result)?;
         add(&mut a, self.clock_ms())?;
-        let won = self
-            .write_one(
-                "UPDATE gnl_runs SET state = 'done', result = ?2, error = NULL, wake_at = NULL, \
-                 due_at = NULL, lease_owner = NULL, lease_expires_at = NULL, updated_at = ?3 \
-                 WHERE run_id = ?1 AND state <> 'done'",
-                a,
-            )
-            .await?;
+        let won = self.write_one(RUN_FINISH, a).await?;
         if won == 1 {
             return Ok(None);
         }
         Ok(self.run_of(run_id).await?.and_then(|r| r.result))
+    }
+
+    fn run_finish_now(&self, run_id: &str, result: &str) -> Option<()> {
+        self.finish_run_now(run_id, result)
     }
 
     async fn run_fail(&self, run_id: &str, error: &str) -> Result<bool> {
@@ -411,18 +437,17 @@ impl JournalStore for SqliteStore {
         let now = self.clock_ms();
         let _w = self.write.lock().await;
         self.counted(1);
-        Ok(sqlx::query_scalar(
-            "INSERT INTO gnl_locks (lock_key, owner, token, expires_at) VALUES (?1, ?2, 1, ?3) \
-             ON CONFLICT (lock_key) DO UPDATE SET owner = excluded.owner, \
-             token = gnl_locks.token + 1, expires_at = excluded.expires_at \
-             WHERE gnl_locks.expires_at <= ?4 RETURNING token",
-        )
-        .bind(key)
-        .bind(owner)
-        .bind(now + ttl_ms)
-        .bind(now)
-        .fetch_optional(&self.pool)
-        .await?)
+        Ok(sqlx::query_scalar(LOCK_ACQUIRE)
+            .bind(key)
+            .bind(owner)
+            .bind(now + ttl_ms)
+            .bind(now)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    fn lock_acquire_now(&self, key: &str, owner: &str, ttl_ms: i64) -> Option<i64> {
+        self.acquire_lock_now(key, owner, ttl_ms)
     }
 
     async fn lock_renew(&self, key: &str, token: i64, ttl_ms: i64) -> Result<bool> {
@@ -443,12 +468,10 @@ impl JournalStore for SqliteStore {
         let mut a = args();
         add(&mut a, key)?;
         add(&mut a, token)?;
-        Ok(self
-            .write_one(
-                "UPDATE gnl_locks SET expires_at = 0 WHERE lock_key = ?1 AND token = ?2",
-                a,
-            )
-            .await?
-            == 1)
+        Ok(self.write_one(LOCK_RELEASE, a).await? == 1)
+    }
+
+    fn lock_release_now(&self, key: &str, token: i64) -> Option<()> {
+        self.release_lock_now(key, token)
     }
 }

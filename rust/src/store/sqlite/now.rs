@@ -1,31 +1,41 @@
-//! The SQLite journal's synchronous fast path: a step's record written on the calling thread,
-//! through a connection of its own (raw `libsqlite3`, one prepared statement), without the
-//! hops of an async call (to sqlx's connection thread, back, and to the caller's event loop),
-//! which cost several times the insert itself.
+//! The SQLite journal's synchronous fast path: a run's start, a step's record, the run's
+//! finish and its run lock, each done on the calling thread through a connection of its own
+//! (raw `libsqlite3`, statements prepared once), without the hops of an async call (to a tokio
+//! thread and sqlx's connection thread, back, and to the caller's event loop), which cost
+//! several times the statements themselves, and far more on a loaded machine, where each hop
+//! waits for a core.
 //!
 //! It only ever does the common case, at once or not at all: when this process's writers'
-//! lock is free, the file's write lock is free (busy timeout 0: no waiting on the caller's
-//! thread) and the step is new. Anything else (a lock held, a conflict, an error) answers
-//! `None` and the caller takes the async path, which waits, reads the kept row and reports
-//! errors as every other call does.
+//! lock is free, the file's write lock is free (no busy handler: no waiting on the caller's
+//! thread) and the write is the plain one (a new step, a run that is not done, a free lock).
+//! Anything else (a lock held, a conflict, a refusal, an error) answers `None` having written
+//! nothing, and the caller takes the async path, which waits, reads the kept row and reports
+//! errors as every other call does. A finished run's start writes nothing, so it is only read:
+//! its recorded result comes back at once even while another writer holds the file's lock.
 
 use std::ffi::{c_int, CString};
 use std::ptr;
 
 use libsqlite3_sys as ffi;
 
+use super::journal::{LOCK_ACQUIRE, LOCK_RELEASE, RUN_FINISH, RUN_READ, RUN_UPSERT};
+use super::raw::{Db, Val};
 use super::SqliteStore;
-use crate::store::journal::StepRow;
+use crate::error::Error;
+use crate::store::journal::{started_run, RunRow, RunStart, RunStarted, StepRow};
 
 const INSERT_STEP: &str = "INSERT INTO gnl_run_steps (run_id, name, n, position, state, result, \
      started_at, finished_at) VALUES (?1, ?2, ?3, ?4, 'done', ?5, ?6, ?6) ON CONFLICT DO NOTHING";
 
+/// In key order, sorted by position here (`read_steps`): SQLite's `ORDER BY position` sorts
+/// the run's rows in a temporary b-tree, several times the cost of sorting them in memory.
 const READ_STEPS: &str = "SELECT name, n, position, state, result, started_at, finished_at \
-     FROM gnl_run_steps WHERE run_id = ?1 ORDER BY position, name, n";
+     FROM gnl_run_steps WHERE run_id = ?1";
 
-/// The fast path's connection and statements.
+/// The fast path's connection (the runs' and locks' statements go through `Db`, kept) and the
+/// two statements of the steps, bound and read here directly (a run writes or reads 1,000).
 pub(super) struct Raw {
-    db: *mut ffi::sqlite3,
+    db: Db,
     insert: *mut ffi::sqlite3_stmt,
     read: *mut ffi::sqlite3_stmt,
 }
@@ -36,60 +46,47 @@ unsafe impl Send for Raw {}
 
 impl Drop for Raw {
     fn drop(&mut self) {
-        // SAFETY: both came from SQLite and are finalized/closed once, here.
+        // SAFETY: both came from this connection (or are NULL: a no-op) and are finalized once,
+        // here, before `db` closes the connection (a struct's fields drop after its Drop).
         unsafe {
             ffi::sqlite3_finalize(self.insert);
             ffi::sqlite3_finalize(self.read);
-            ffi::sqlite3_close(self.db);
         }
     }
 }
 
 impl Raw {
-    /// Open `path` (an existing, migrated store) with gnl's pragmas; `None` when anything fails.
+    /// Open `path` (an existing, migrated store) with gnl's pragmas and no busy handler;
+    /// `None` when anything fails.
     pub(super) fn open(path: &str) -> Option<Raw> {
-        let cpath = CString::new(path).ok()?;
-        let mut db = ptr::null_mut();
-        // SAFETY: valid C strings and out-pointers; a failed open still returns a handle that
-        // must be closed, which `Raw`'s Drop does once the struct exists.
-        unsafe {
-            let rc = ffi::sqlite3_open_v2(
-                cpath.as_ptr(),
-                &mut db,
-                ffi::SQLITE_OPEN_READWRITE | ffi::SQLITE_OPEN_NOMUTEX,
-                ptr::null(),
-            );
-            let mut raw = Raw {
-                db,
-                insert: ptr::null_mut(),
-                read: ptr::null_mut(),
-            };
-            if rc != ffi::SQLITE_OK {
-                return None;
-            }
-            let pragmas =
-                CString::new("PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = OFF").ok()?;
-            if ffi::sqlite3_exec(db, pragmas.as_ptr(), None, ptr::null_mut(), ptr::null_mut())
-                != ffi::SQLITE_OK
-            {
-                return None;
-            }
-            for (sql, out) in [(INSERT_STEP, &mut raw.insert), (READ_STEPS, &mut raw.read)] {
-                let sql = CString::new(sql).ok()?;
-                let rc = ffi::sqlite3_prepare_v3(
-                    db,
+        let mut db = Db::open(path, super::busy_handler).ok()?;
+        // A lock held by another connection fails at once: the caller's thread never waits.
+        db.set_busy(None);
+        let h = db.handle();
+        let mut raw = Raw {
+            db,
+            insert: ptr::null_mut(),
+            read: ptr::null_mut(),
+        };
+        for (sql, out) in [(INSERT_STEP, &mut raw.insert), (READ_STEPS, &mut raw.read)] {
+            let sql = CString::new(sql).ok()?;
+            // SAFETY: a valid connection and C string; the statement comes out in `out`
+            // (finalized by `Raw`'s Drop).
+            let rc = unsafe {
+                ffi::sqlite3_prepare_v3(
+                    h,
                     sql.as_ptr(),
                     -1,
                     ffi::SQLITE_PREPARE_PERSISTENT,
                     out,
                     ptr::null_mut(),
-                );
-                if rc != ffi::SQLITE_OK {
-                    return None;
-                }
+                )
+            };
+            if rc != ffi::SQLITE_OK {
+                return None;
             }
-            Some(raw)
         }
+        Some(raw)
     }
 
     /// Insert a new step; `Some(true)` when inserted, `Some(false)` when it existed, `None`
@@ -127,7 +124,7 @@ impl Raw {
             } else {
                 ffi::SQLITE_ERROR
             };
-            let changed = ffi::sqlite3_changes(self.db);
+            let changed = ffi::sqlite3_changes(self.db.handle());
             ffi::sqlite3_reset(st);
             ffi::sqlite3_clear_bindings(st);
             (rc == ffi::SQLITE_DONE).then_some(changed == 1)
@@ -149,54 +146,89 @@ unsafe fn col_text(st: *mut ffi::sqlite3_stmt, i: c_int) -> Option<String> {
     Some(String::from_utf8_lossy(b).into_owned())
 }
 
-impl Raw {
-    /// The steps of `run_id` in position order; `None` when they cannot be read at once.
-    fn read_steps(&mut self, run_id: &str) -> Option<Vec<StepRow>> {
-        let st = self.read;
-        let mut out = Vec::new();
-        // SAFETY: as `insert`; columns are read while the statement is on a row.
-        unsafe {
-            let bound = ffi::sqlite3_bind_text(
-                st,
-                1,
-                run_id.as_ptr().cast(),
-                run_id.len() as c_int,
-                ffi::SQLITE_TRANSIENT(),
-            );
-            let mut ok = bound == ffi::SQLITE_OK;
-            while ok {
-                match ffi::sqlite3_step(st) {
-                    ffi::SQLITE_ROW => out.push(StepRow {
-                        name: col_text(st, 0).unwrap_or_default(),
-                        n: ffi::sqlite3_column_int64(st, 1),
-                        position: ffi::sqlite3_column_int64(st, 2),
-                        state: col_text(st, 3).unwrap_or_default(),
-                        result: col_text(st, 4),
-                        started_at: ffi::sqlite3_column_int64(st, 5),
-                        finished_at: (ffi::sqlite3_column_type(st, 6) != ffi::SQLITE_NULL)
-                            .then(|| ffi::sqlite3_column_int64(st, 6)),
-                    }),
-                    ffi::SQLITE_DONE => break,
-                    _ => ok = false,
-                }
-            }
-            ffi::sqlite3_reset(st);
-            ffi::sqlite3_clear_bindings(st);
-            ok.then_some(out)
+/// The steps of `run_id` through `st` (`READ_STEPS`) in the order of the async path's
+/// `ORDER BY position, name, n` (names compared as bytes, as SQLite's BINARY collation);
+/// `None` when they cannot be read at once.
+///
+/// # Safety
+/// `st` must be a prepared `READ_STEPS` of a connection used by this thread alone.
+unsafe fn read_steps(st: *mut ffi::sqlite3_stmt, run_id: &str) -> Option<Vec<StepRow>> {
+    let mut out = Vec::new();
+    let bound = ffi::sqlite3_bind_text(
+        st,
+        1,
+        run_id.as_ptr().cast(),
+        run_id.len() as c_int,
+        ffi::SQLITE_TRANSIENT(),
+    );
+    let mut ok = bound == ffi::SQLITE_OK;
+    while ok {
+        match ffi::sqlite3_step(st) {
+            ffi::SQLITE_ROW => out.push(StepRow {
+                name: col_text(st, 0).unwrap_or_default(),
+                n: ffi::sqlite3_column_int64(st, 1),
+                position: ffi::sqlite3_column_int64(st, 2),
+                state: col_text(st, 3).unwrap_or_default(),
+                result: col_text(st, 4),
+                started_at: ffi::sqlite3_column_int64(st, 5),
+                finished_at: (ffi::sqlite3_column_type(st, 6) != ffi::SQLITE_NULL)
+                    .then(|| ffi::sqlite3_column_int64(st, 6)),
+            }),
+            ffi::SQLITE_DONE => break,
+            _ => ok = false,
         }
     }
+    ffi::sqlite3_reset(st);
+    ffi::sqlite3_clear_bindings(st);
+    // Key order is position order for a run of one step name: already sorted, one pass.
+    out.sort_by(|a, b| (a.position, &a.name, a.n).cmp(&(b.position, &b.name, b.n)));
+    ok.then_some(out)
+}
+
+/// A `RunRow` from a row of `RUN_COLS` read through `Db`.
+fn run_of(row: Vec<Val>) -> Option<RunRow> {
+    let mut v = row.into_iter();
+    let mut next = || v.next().unwrap_or(Val::Null);
+    Some(RunRow {
+        run_id: next().text()?,
+        workflow: next().text()?,
+        preset: next().text(),
+        state: next().text()?,
+        input: next().text(),
+        result: next().text(),
+        error: next().text(),
+        scheduled_for: next().opt_int(),
+        wake_at: next().opt_int(),
+        lease_owner: next().text(),
+        lease_expires_at: next().opt_int(),
+        token: next().int(),
+        created_at: next().int(),
+        updated_at: next().int(),
+    })
+}
+
+fn opt(v: Option<i64>) -> Val {
+    v.map_or(Val::Null, Val::Int)
 }
 
 impl SqliteStore {
-    /// The steps of `run_id` read at once on this thread; `None`: read them through the pool.
-    pub(super) fn read_steps_now(&self, run_id: &str) -> Option<Vec<StepRow>> {
+    /// The fast path's connection, locked, opened on first use; `None` when it is in use, in
+    /// memory (no file: no fast path) or cannot be opened.
+    fn raw_now(&self) -> Option<std::sync::MutexGuard<'_, Option<Raw>>> {
         let path = self.path.as_deref()?;
         let mut raw = self.raw.try_lock().ok()?;
         if raw.is_none() {
             *raw = Some(Raw::open(path)?);
         }
+        Some(raw)
+    }
+
+    /// The steps of `run_id` read at once on this thread; `None`: read them through the pool.
+    pub(super) fn read_steps_now(&self, run_id: &str) -> Option<Vec<StepRow>> {
+        let mut raw = self.raw_now()?;
         self.counted(1);
-        raw.as_mut()?.read_steps(run_id)
+        // SAFETY: the connection's own `READ_STEPS`, under its Mutex.
+        unsafe { read_steps(raw.as_mut()?.read, run_id) }
     }
 
     /// Record step `(run_id, name, n)` as done with `result` at once, on this thread: `Some(())`
@@ -209,12 +241,8 @@ impl SqliteStore {
         position: i64,
         result: &str,
     ) -> Option<()> {
-        let path = self.path.as_deref()?;
         let _w = self.write.try_lock().ok()?;
-        let mut raw = self.raw.try_lock().ok()?;
-        if raw.is_none() {
-            *raw = Some(Raw::open(path)?);
-        }
+        let mut raw = self.raw_now()?;
         self.counted(1);
         match raw
             .as_mut()?
@@ -223,5 +251,98 @@ impl SqliteStore {
             Some(true) => Some(()),
             _ => None,
         }
+    }
+
+    /// `run_start` at once, on this thread: a done run read back (nothing written), or the
+    /// run's upsert and its steps' read in one transaction; `None` (nothing written) when the
+    /// upsert refuses (done meanwhile, another workflow's run: the async path reports it) or
+    /// cannot be done at once.
+    pub(super) fn start_run_now(&self, s: &RunStart) -> Option<RunStarted> {
+        let mut guard = self.raw_now()?;
+        let raw = guard.as_mut()?;
+        let now = self.clock_ms();
+        self.counted(1);
+        let found = raw
+            .db
+            .rows(&RUN_READ, &[s.run_id.as_str().into()], true)
+            .ok()?;
+        if let Some(run) = found.into_iter().next().and_then(run_of) {
+            if run.state == "done" {
+                let (run, created, _) = started_run(Some(run), s).ok()?;
+                return Some(RunStarted {
+                    run,
+                    steps: vec![],
+                    created,
+                    now_ms: now,
+                });
+            }
+        }
+        let _w = self.write.try_lock().ok()?;
+        let args = [
+            s.run_id.as_str().into(),
+            s.workflow.as_str().into(),
+            s.preset.as_deref().into(),
+            s.input.as_deref().into(),
+            opt(s.scheduled_for),
+            s.owner.as_str().into(),
+            opt(s.lease_ms.map(|l| now + l)),
+            now.into(),
+        ];
+        let read = raw.read;
+        raw.db
+            .write(|db| {
+                self.counted(1);
+                let run = db.rows(&RUN_UPSERT, &args, true)?.into_iter().next();
+                let (run, created, resumed) = started_run(run.and_then(run_of), s)?;
+                let steps = if resumed {
+                    self.counted(1);
+                    // SAFETY: the connection's own `READ_STEPS`, under its Mutex.
+                    unsafe { read_steps(read, &s.run_id) }
+                        .ok_or_else(|| Error::invalid("the steps could not be read at once"))?
+                } else {
+                    vec![]
+                };
+                Ok(RunStarted {
+                    run,
+                    steps,
+                    created,
+                    now_ms: now,
+                })
+            })
+            .ok()
+    }
+
+    /// `run_finish` at once, on this thread: `Some(())` when this call recorded `result`;
+    /// `None` (the run done already, or not at once) otherwise.
+    pub(super) fn finish_run_now(&self, run_id: &str, result: &str) -> Option<()> {
+        let _w = self.write.try_lock().ok()?;
+        let mut raw = self.raw_now()?;
+        self.counted(1);
+        let args = [run_id.into(), result.into(), self.clock_ms().into()];
+        let won = raw.as_mut()?.db.exec(RUN_FINISH, &args, true).ok()?;
+        (won == 1).then_some(())
+    }
+
+    /// `lock_acquire` at once, on this thread: the fresh token when this call took the lock;
+    /// `None` (held, or not at once) otherwise.
+    pub(super) fn acquire_lock_now(&self, key: &str, owner: &str, ttl_ms: i64) -> Option<i64> {
+        let now = self.clock_ms();
+        let _w = self.write.try_lock().ok()?;
+        let mut raw = self.raw_now()?;
+        self.counted(1);
+        let args = [key.into(), owner.into(), (now + ttl_ms).into(), now.into()];
+        let rows = raw.as_mut()?.db.rows(LOCK_ACQUIRE, &args, true).ok()?;
+        rows.first()?.first().map(Val::int)
+    }
+
+    /// `lock_release` at once, on this thread: `Some(())` when this call released the lock
+    /// held with `token`; `None` (not held with it, or not at once) otherwise.
+    pub(super) fn release_lock_now(&self, key: &str, token: i64) -> Option<()> {
+        let _w = self.write.try_lock().ok()?;
+        let mut raw = self.raw_now()?;
+        self.counted(1);
+        let args = [key.into(), token.into()];
+        let won = raw.as_mut()?.db.exec(LOCK_RELEASE, &args, true).ok()?;
+        (won == 1).then_some(())
     }
 }

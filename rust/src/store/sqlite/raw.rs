@@ -37,6 +37,13 @@ impl Val {
         }
     }
 
+    pub(super) fn opt_int(&self) -> Option<i64> {
+        match self {
+            Val::Int(i) => Some(*i),
+            _ => None,
+        }
+    }
+
     pub(super) fn text(self) -> Option<String> {
         match self {
             Val::Text(s) => Some(s),
@@ -199,6 +206,12 @@ impl Db {
     ) {
         // SAFETY: a valid connection; the handler is a plain function.
         unsafe { ffi::sqlite3_busy_handler(self.db, busy.map(|f| f as Busy), ptr::null_mut()) };
+    }
+
+    /// The connection's handle, for statements its owner prepares itself (and finalizes
+    /// before the `Db` is dropped).
+    pub(super) fn handle(&self) -> *mut ffi::sqlite3 {
+        self.db
     }
 
     /// Statements run since the last call.

@@ -309,3 +309,102 @@ async fn a_not_yet_due_event_inside_a_dead_holders_batch_keeps_its_first_attempt
     let lag = s.consumer_lag("t", "c").await.unwrap().unwrap();
     assert_eq!((lag.cursor, lag.behind), (3, 0));
 }
+
+/// The fast path starts and finishes runs and takes and releases run locks at once, and
+/// leaves to the pool (answering `None`, writing nothing) what it cannot do at once: a run
+/// another workflow's, a finish already recorded, a lock held, and every write while another
+/// connection holds the file's write lock (here the same thread's: a wait would never end). A finished run is only read, so
+/// its result comes back at once even then.
+#[tokio::test]
+async fn the_fast_path_starts_and_finishes_runs_and_waits_for_nobody() {
+    use crate::store::journal::RunStart;
+    let dir = std::env::temp_dir().join(format!("gnl-now-{}", crate::ids::new_job_id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("s.db");
+    let s = open(&format!("sqlite:///{}", path.display()), 2, true)
+        .await
+        .unwrap();
+    let run = |id: &str, wf: &str| RunStart {
+        run_id: id.into(),
+        workflow: wf.into(),
+        preset: None,
+        input: Some("{\"a\":1}".into()),
+        scheduled_for: Some(7),
+        owner: "o".into(),
+        lease_ms: Some(60_000),
+    };
+    let st = s.run_start_now(&run("r", "wf")).unwrap();
+    assert!(st.created && st.steps.is_empty());
+    assert_eq!((st.run.state.as_str(), st.run.token), ("running", 1));
+    assert!(st.run.lease_expires_at.unwrap() > st.now_ms);
+    assert_eq!(s.step_put_now("r", "b", 0, 1, "2"), Some(()));
+    assert_eq!(s.step_put_now("r", "a", 0, 0, "1"), Some(()));
+    let st = s.run_start_now(&run("r", "wf")).unwrap();
+    assert_eq!((st.created, st.run.token), (false, 2));
+    let got: Vec<_> = st
+        .steps
+        .iter()
+        .map(|x| (x.name.as_str(), x.position))
+        .collect();
+    assert_eq!(got, vec![("a", 0), ("b", 1)]);
+    assert!(
+        s.run_start_now(&run("r", "other")).is_none(),
+        "the pool's refusal"
+    );
+    assert!(matches!(
+        s.run_start(&run("r", "other")).await,
+        Err(Error::InvalidArgument(_))
+    ));
+    assert_eq!(
+        s.run_get("r").await.unwrap().unwrap().0.token,
+        2,
+        "nothing written"
+    );
+    assert_eq!(s.run_finish_now("r", "\"x\""), Some(()));
+    assert_eq!(
+        s.run_finish_now("r", "\"y\""),
+        None,
+        "a recorded finish: the pool's"
+    );
+    assert_eq!(
+        s.run_finish("r", "\"y\"").await.unwrap().as_deref(),
+        Some("\"x\"")
+    );
+    let t = s.lock_acquire_now("k", "o", 60_000).unwrap();
+    assert_eq!(s.lock_acquire_now("k", "o2", 60_000), None, "held");
+    assert_eq!(
+        s.lock_release_now("k", t + 1),
+        None,
+        "not held with that token"
+    );
+    assert_eq!(s.lock_release_now("k", t), Some(()));
+    // Another connection holds the file's write lock.
+    let mut other = super::raw::Db::open(path.to_str().unwrap(), super::busy_handler).unwrap();
+    other.set_busy(None);
+    other
+        .write(|_| {
+            let done = s.run_start_now(&run("r", "wf")).unwrap();
+            assert_eq!(
+                (
+                    done.run.state.as_str(),
+                    done.run.result.as_deref(),
+                    done.run.token
+                ),
+                ("done", Some("\"x\""), 2)
+            );
+            assert!(s.run_start_now(&run("new", "wf")).is_none());
+            assert!(s.run_finish_now("r2", "1").is_none());
+            assert!(s.lock_acquire_now("k", "o", 60_000).is_none());
+            assert!(s.step_put_now("r", "c", 0, 2, "3").is_none());
+            Ok(())
+        })
+        .unwrap();
+    assert!(s.run_get("new").await.unwrap().is_none(), "nothing written");
+    assert_eq!(s.lock_acquire_now("k", "o", 60_000), Some(t + 1));
+    s.close().await;
+    std::fs::remove_dir_all(&dir).unwrap();
+    // An in-memory store has no fast path.
+    let m = store().await;
+    assert!(m.run_start_now(&run("r", "wf")).is_none());
+    assert_eq!(m.lock_acquire_now("k", "o", 60_000), None);
+}

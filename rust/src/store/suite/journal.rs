@@ -6,8 +6,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::error::Error;
-use crate::store::journal::{RunQuery, RunStart};
+use crate::error::{Error, Result};
+use crate::store::journal::{RunQuery, RunStart, RunStarted};
 use crate::store::{open, Store};
 
 on_every_engine! {
@@ -15,15 +15,58 @@ on_every_engine! {
         steps_keep_the_first_result,
         intents_are_finished_once_and_resolved_by_an_operator,
         runs_start_resume_and_finish,
+        runs_start_resume_and_finish_at_once,
         suspended_and_abandoned_runs_are_due_to_the_waker,
         runs_are_listed_and_read_back,
         locks_are_leased_with_fresh_fencing_tokens,
+        locks_are_leased_with_fresh_fencing_tokens_at_once,
     ],
     servers: [],
     store_and_url: [
         concurrent_step_writers_have_one_winner,
         concurrent_wakers_claim_each_run_once,
     ],
+}
+
+/// The journal's calls as `gnl.durable` makes them: with `now`, the at-once variant first
+/// (`*_now`, SQLite's fast path) and the async one when it answers `None`.
+struct Calls {
+    s: Arc<dyn Store>,
+    now: bool,
+}
+
+impl Calls {
+    async fn run_start(&self, st: &RunStart) -> Result<RunStarted> {
+        if let Some(got) = self.now.then(|| self.s.run_start_now(st)).flatten() {
+            return Ok(got);
+        }
+        self.s.run_start(st).await
+    }
+
+    async fn run_finish(&self, run_id: &str, result: &str) -> Result<Option<String>> {
+        if self.now && self.s.run_finish_now(run_id, result).is_some() {
+            return Ok(None);
+        }
+        self.s.run_finish(run_id, result).await
+    }
+
+    async fn lock_acquire(&self, key: &str, owner: &str, ttl_ms: i64) -> Result<Option<i64>> {
+        if let Some(t) = self
+            .now
+            .then(|| self.s.lock_acquire_now(key, owner, ttl_ms))
+            .flatten()
+        {
+            return Ok(Some(t));
+        }
+        self.s.lock_acquire(key, owner, ttl_ms).await
+    }
+
+    async fn lock_release(&self, key: &str, token: i64) -> Result<bool> {
+        if self.now && self.s.lock_release_now(key, token).is_some() {
+            return Ok(true);
+        }
+        self.s.lock_release(key, token).await
+    }
 }
 
 pub(crate) fn start(run_id: &str, workflow: &str, lease_ms: Option<i64>) -> RunStart {
@@ -116,7 +159,16 @@ pub async fn intents_are_finished_once_and_resolved_by_an_operator(s: Arc<dyn St
 }
 
 pub async fn runs_start_resume_and_finish(s: Arc<dyn Store>) {
-    let st = s.run_start(&start("r1", "wf", None)).await.unwrap();
+    runs_lifecycle(Calls { s, now: false }).await;
+}
+
+/// The same through the at-once calls first (SQLite's fast path), as `gnl.durable` makes them.
+pub async fn runs_start_resume_and_finish_at_once(s: Arc<dyn Store>) {
+    runs_lifecycle(Calls { s, now: true }).await;
+}
+
+async fn runs_lifecycle(c: Calls) {
+    let st = c.run_start(&start("r1", "wf", None)).await.unwrap();
     assert!(st.created);
     assert!(st.steps.is_empty());
     assert!(st.now_ms > 0);
@@ -128,12 +180,12 @@ pub async fn runs_start_resume_and_finish(s: Arc<dyn Store>) {
     assert_eq!(r.lease_owner.as_deref(), Some("me"));
     assert_eq!(r.lease_expires_at, None);
     // Steps come back in position order.
-    s.step_put("r1", "b", 0, 1, "2").await.unwrap();
-    s.step_put("r1", "a", 0, 0, "1").await.unwrap();
-    s.step_put("r1", "b", 1, 2, "3").await.unwrap();
+    c.s.step_put("r1", "b", 0, 1, "2").await.unwrap();
+    c.s.step_put("r1", "a", 0, 0, "1").await.unwrap();
+    c.s.step_put("r1", "b", 1, 2, "3").await.unwrap();
     let mut again = start("r1", "wf", Some(60_000));
     again.input = Some("{\"other\":2}".into());
-    let st = s.run_start(&again).await.unwrap();
+    let st = c.run_start(&again).await.unwrap();
     assert!(!st.created);
     assert_eq!(st.run.token, 2);
     assert_eq!(
@@ -152,30 +204,30 @@ pub async fn runs_start_resume_and_finish(s: Arc<dyn Store>) {
     );
     assert!(st.run.lease_expires_at.unwrap() > st.now_ms);
     // Another workflow under the same run id is refused and changes nothing.
-    match s.run_start(&start("r1", "other", None)).await {
+    match c.run_start(&start("r1", "other", None)).await {
         Err(Error::InvalidArgument(m)) => assert!(m.contains("\"wf\""), "{m}"),
         other => panic!("{other:?}"),
     }
-    let (run, _) = s.run_get("r1").await.unwrap().unwrap();
+    let (run, _) = c.s.run_get("r1").await.unwrap().unwrap();
     assert_eq!((run.workflow.as_str(), run.token), ("wf", 2));
     // The first finish is kept.
-    assert_eq!(s.run_finish("r1", "\"x\"").await.unwrap(), None);
+    assert_eq!(c.run_finish("r1", "\"x\"").await.unwrap(), None);
     assert_eq!(
-        s.run_finish("r1", "\"y\"").await.unwrap().as_deref(),
+        c.run_finish("r1", "\"y\"").await.unwrap().as_deref(),
         Some("\"x\"")
     );
-    assert!(!s.run_fail("r1", "boom").await.unwrap());
-    let st = s.run_start(&start("r1", "wf", None)).await.unwrap();
+    assert!(!c.s.run_fail("r1", "boom").await.unwrap());
+    let st = c.run_start(&start("r1", "wf", None)).await.unwrap();
     assert_eq!(st.run.state, "done");
     assert_eq!(st.run.result.as_deref(), Some("\"x\""));
     assert!(!st.created);
     // A failed run is started again by its next execution.
-    s.run_start(&start("r2", "wf", None)).await.unwrap();
-    assert!(s.run_fail("r2", "boom\0").await.unwrap());
-    let (run, _) = s.run_get("r2").await.unwrap().unwrap();
+    c.run_start(&start("r2", "wf", None)).await.unwrap();
+    assert!(c.s.run_fail("r2", "boom\0").await.unwrap());
+    let (run, _) = c.s.run_get("r2").await.unwrap().unwrap();
     assert_eq!(run.state, "failed");
     assert!(run.error.unwrap().starts_with("boom"));
-    let st = s.run_start(&start("r2", "wf", None)).await.unwrap();
+    let st = c.run_start(&start("r2", "wf", None)).await.unwrap();
     assert_eq!((st.run.state.as_str(), st.run.error), ("running", None));
 }
 
@@ -336,25 +388,34 @@ pub async fn runs_are_listed_and_read_back(s: Arc<dyn Store>) {
 }
 
 pub async fn locks_are_leased_with_fresh_fencing_tokens(s: Arc<dyn Store>) {
-    let t1 = s.lock_acquire("r", "o1", 60_000).await.unwrap().unwrap();
-    assert_eq!(s.lock_acquire("r", "o2", 60_000).await.unwrap(), None);
-    assert!(s.lock_renew("r", t1, 60_000).await.unwrap());
-    assert!(!s.lock_release("r", t1 + 1).await.unwrap());
-    assert!(s.lock_release("r", t1).await.unwrap());
-    let t2 = s.lock_acquire("r", "o2", 60_000).await.unwrap().unwrap();
+    locks(Calls { s, now: false }).await;
+}
+
+/// The same through the at-once calls first (SQLite's fast path).
+pub async fn locks_are_leased_with_fresh_fencing_tokens_at_once(s: Arc<dyn Store>) {
+    locks(Calls { s, now: true }).await;
+}
+
+async fn locks(c: Calls) {
+    let t1 = c.lock_acquire("r", "o1", 60_000).await.unwrap().unwrap();
+    assert_eq!(c.lock_acquire("r", "o2", 60_000).await.unwrap(), None);
+    assert!(c.s.lock_renew("r", t1, 60_000).await.unwrap());
+    assert!(!c.lock_release("r", t1 + 1).await.unwrap());
+    assert!(c.lock_release("r", t1).await.unwrap());
+    let t2 = c.lock_acquire("r", "o2", 60_000).await.unwrap().unwrap();
     assert!(t2 > t1, "a fresh token after a release: {t2} > {t1}");
     assert!(
-        !s.lock_renew("r", t1, 60_000).await.unwrap(),
+        !c.s.lock_renew("r", t1, 60_000).await.unwrap(),
         "a stale holder renews nothing"
     );
     // An expired lock is taken over, with a fresh token; its old holder's renewal fails.
-    let t3 = s.lock_acquire("x", "o1", -1).await.unwrap().unwrap();
-    let t4 = s.lock_acquire("x", "o2", 60_000).await.unwrap().unwrap();
+    let t3 = c.lock_acquire("x", "o1", -1).await.unwrap().unwrap();
+    let t4 = c.lock_acquire("x", "o2", 60_000).await.unwrap().unwrap();
     assert!(t4 > t3);
-    assert!(!s.lock_renew("x", t3, 60_000).await.unwrap());
-    assert!(!s.lock_release("x", t3).await.unwrap());
+    assert!(!c.s.lock_renew("x", t3, 60_000).await.unwrap());
+    assert!(!c.lock_release("x", t3).await.unwrap());
     // Keys never collide.
-    assert!(s
+    assert!(c
         .lock_acquire("r:fire", "o3", 60_000)
         .await
         .unwrap()
