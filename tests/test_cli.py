@@ -164,6 +164,7 @@ STORE_COMMANDS = [
     ("events", "retry", "t", "c", "x"),
     ("triggers", "list"),
     ("triggers", "unschedule", "x"),
+    ("studio",),  # the store is opened before the server starts: one line, not a traceback
 ]
 
 

@@ -177,6 +177,8 @@ async def test_bad_input_is_refused_with_nothing_written(storage: gnl.Storage) -
     with pytest.raises(TypeError):
         gnl.create_gnl(storage, {"wf": 3})  # type: ignore[dict-item]
     assert await gnl.list_runs(storage) == []
+    with pytest.raises(gnl.InvalidArgumentError, match="^key must be a non-empty string"):
+        await gnl.claim(storage, "", 1)
     with pytest.raises(gnl.InvalidArgumentError, match="state"):
         await gnl.list_runs(storage, state="sleeping")
 

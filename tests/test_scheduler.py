@@ -159,6 +159,13 @@ async def test_bad_input_is_refused_and_nothing_written(
     assert await gnl.list_triggers(storage) == []
 
 
+async def test_an_empty_workflow_name_is_named_as_the_name(storage: gnl.Storage) -> None:
+    # The id defaults to the name: the error must name the name, not the id.
+    with pytest.raises(gnl.InvalidArgumentError, match=r"^name \(the workflow to fire\)"):
+        await gnl.schedule_workflow(storage, "", every_ms=1000)
+    assert await gnl.list_triggers(storage) == []
+
+
 async def test_misfire_latest_fires_the_last_due_one_and_counts_the_missed(
     storage: gnl.Storage,
 ) -> None:

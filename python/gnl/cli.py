@@ -785,6 +785,14 @@ def studio(
         tokens = Tokens(token, admin_token)
     except ValueError as e:
         _fail(str(e))
+
+    async def reachable() -> None:
+        # The store is opened once before the server starts, so a bad URL or a server that is
+        # down is one line and exit 2 / 1, not a traceback from the server's start-up.
+        async with await _open(target):
+            pass
+
+    _run(reachable)
     try:
         serve(
             target,

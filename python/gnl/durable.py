@@ -758,6 +758,8 @@ async def claim(journal: Storage | Journal, key: str, value: Any) -> Any:
     """
     if not isinstance(key, str):
         raise TypeError(f"key must be a str, not {type(key).__name__}")
+    if not key:
+        raise InvalidArgumentError("key must be a non-empty string")
     native = native_of(_journal_of(journal), "journal")
     kept = await _native.step_put(native, key, _CLAIM, 0, 0, value)
     return value if kept is None else _loads(kept[4])

@@ -242,6 +242,9 @@ async def schedule_workflow(
     """
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, not {type(name).__name__}")
+    if not name:
+        # Checked here, before ``id`` defaults to it: the empty thing is the name.
+        raise InvalidArgumentError("name (the workflow to fire) must be a non-empty string")
     if id is None:
         id = name
     if not isinstance(id, str):

@@ -17,8 +17,9 @@ def redact_url(url: str) -> str:
         url: A store URL (``sqlite:...``, ``postgres://...``, ``mysql://...``).
 
     Returns:
-        The URL with the password of its ``user:password@`` part and any ``password=`` query
-        parameter shown as ``***``; a URL without a password is returned unchanged.
+        The URL with the password of its ``user:password@`` part and any query parameter
+        naming a password, secret or token (``password=``, ``sslpassword=``) shown as
+        ``***``; a URL without one is returned unchanged.
 
     Raises:
         TypeError: ``url`` is not a str.

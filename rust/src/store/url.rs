@@ -18,9 +18,18 @@ pub enum Target {
 const ACCEPTED: &str =
     "sqlite:///relative/path.db, sqlite:////absolute/path.db, sqlite::memory:, postgres://..., postgresql://..., mysql://...";
 
+/// A query parameter whose value is a secret: `password`, `sslpassword` (libpq), and any
+/// key naming a password, secret or token, in any case.
+fn is_secret_param(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    ["password", "secret", "token"]
+        .iter()
+        .any(|w| k.contains(w))
+}
+
 /// `url` as it may be shown to people (errors, `repr`, logs): a password in its credentials
-/// (`user:secret@`) or in a `password=` query parameter becomes `***`. The full URL is only
-/// ever used to connect.
+/// (`user:secret@`) or in a query parameter naming a password, secret or token
+/// (`password=`, `sslpassword=`) becomes `***`. The full URL is only ever used to connect.
 pub fn redact(url: &str) -> String {
     let Some(start) = url.find("://").map(|i| i + 3) else {
         return url.to_string();
@@ -46,7 +55,7 @@ pub fn redact(url: &str) -> String {
             let params: Vec<String> = tail[q + 1..]
                 .split('&')
                 .map(|p| match p.split_once('=') {
-                    Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+                    Some((k, _)) if is_secret_param(k) => format!("{k}=***"),
                     _ => p.to_string(),
                 })
                 .collect();
@@ -136,6 +145,10 @@ mod tests {
                 "postgres://u@h/db?password=***&a=b",
             ),
             ("redis://:pw@h:6379/0", "redis://:***@h:6379/0"),
+            (
+                "postgres://u@h/db?sslpassword=k&sslmode=require&Auth_Token=t",
+                "postgres://u@h/db?sslpassword=***&sslmode=require&Auth_Token=***",
+            ),
             ("postgres://h/db", "postgres://h/db"),
             ("sqlite:///x.db", "sqlite:///x.db"),
             ("sqlite::memory:", "sqlite::memory:"),

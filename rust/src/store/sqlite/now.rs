@@ -59,9 +59,9 @@ impl Raw {
     /// Open `path` (an existing, migrated store) with gnl's pragmas and no busy handler;
     /// `None` when anything fails.
     pub(super) fn open(path: &str) -> Option<Raw> {
-        let mut db = Db::open(path, super::busy_handler).ok()?;
-        // A lock held by another connection fails at once: the caller's thread never waits.
-        db.set_busy(None);
+        // No busy handler: a lock held by another connection fails at once, so the caller's
+        // thread never waits.
+        let db = Db::open(path, None).ok()?;
         let h = db.handle();
         let mut raw = Raw {
             db,

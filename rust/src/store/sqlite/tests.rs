@@ -379,8 +379,7 @@ async fn the_fast_path_starts_and_finishes_runs_and_waits_for_nobody() {
     );
     assert_eq!(s.lock_release_now("k", t), Some(()));
     // Another connection holds the file's write lock.
-    let mut other = super::raw::Db::open(path.to_str().unwrap(), super::busy_handler).unwrap();
-    other.set_busy(None);
+    let mut other = super::raw::Db::open(path.to_str().unwrap(), None).unwrap();
     other
         .write(|_| {
             let done = s.run_start_now(&run("r", "wf")).unwrap();
