@@ -82,6 +82,13 @@ def test_every_command_happy_path(store_url: Callable[[], str]) -> None:
         for ln in gnl_cmd("jobs", "list", "--all", "--json", env=env).output.splitlines()
     ]
     assert {j["id"]: j["state"] for j in listed} == {LONG_ID: "dead", "p1": "pending"}
+    # --json pages too: stdout holds only JSON lines, the cursor is on stderr.
+    first = gnl_cmd("jobs", "list", "--all", "--json", "--limit", "1", env=env)
+    assert len(first.stdout.splitlines()) == 1, first.output
+    cursor = first.stderr.split("--cursor ", 1)[1].strip()
+    rest = gnl_cmd("jobs", "list", "--all", "--json", "--limit", "1", "--cursor", cursor, env=env)
+    ids = [json.loads(ln)["id"] for ln in (first.stdout + rest.stdout).splitlines()]
+    assert sorted(ids) == sorted([LONG_ID, "p1"]), ids
     shown = json.loads(gnl_cmd("jobs", "show", LONG_ID, "--org", "acme", "--json", env=env).output)
     assert shown["state"] == "dead" and "kaput" in shown["last_error"]
     assert "kaput" in gnl_cmd("jobs", "show", LONG_ID, "--org", "acme", env=env).output

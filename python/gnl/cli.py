@@ -398,6 +398,11 @@ def jobs_list(
     if as_json:
         for job in items:
             click.echo(json.dumps(_job_dict(job), ensure_ascii=False))
+        # stdout stays JSON lines; how to see more goes to stderr, where a script can read it.
+        if matched is not None and matched > len(items):
+            click.echo(f"{len(items)} of {matched} matching jobs shown; raise --limit", err=True)
+        elif next_cursor is not None:
+            click.echo(f"more jobs: add --cursor {next_cursor}", err=True)
         return
     console = Console()
     if not items:
