@@ -340,6 +340,8 @@ def test_declarations_are_checked_when_declared() -> None:
         app.schedule("wf")
     with pytest.raises(gnl.CronError):
         app.schedule("wf", cron="61 * * * *")
+    with pytest.raises(TypeError, match="the input of schedule 'wf'"):
+        app.schedule("wf", every_ms=1_000, input={1, 2})
     app.schedule("wf", every_ms=1_000)
     with pytest.raises(gnl.InvalidArgumentError, match="declared twice"):
         app.schedule("wf", every_ms=2_000)

@@ -323,6 +323,11 @@ class App:
             _native.next_cron_time(cron, 0)  # CronError naming the field
         if every_ms is not None:
             check_int(every_ms, "every_ms", 1, MAX_DURATION_MS)
+        if input is not None:
+            from . import _native
+
+            # TypeError / ValueError naming the schedule, at declaration (not at `gnl run`).
+            _native.encode_json(input, f"the input of schedule {trigger_id!r}")
         kwargs = {
             "id": trigger_id,
             "cron": cron,
