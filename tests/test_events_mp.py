@@ -11,9 +11,11 @@ log):
   second connection) while later emits queue and consumers poll: nothing past it delivered
   while it is open, then everything once, in order;
 * a consumer SIGKILLed mid-handler: its events are redelivered to the standby process after
-  the lease, each acked once, nothing lost;
+  the lease (uncharged by the death: attempt 1 again), each acked once, nothing lost;
 * a handler that kills its process uses up its attempts: quarantined after ``max_attempts``
-  deliveries (the last one without a handler call), the rest flow.
+  charged deliveries (the last one without a handler call), the rest flow;
+* a kill inside a batch is charged to the event it hit only (issue 12's repro,
+  ``max_attempts=1``): that event alone is quarantined, every other one handled and acked.
 """
 
 from __future__ import annotations
@@ -283,8 +285,9 @@ def test_a_consumer_killed_mid_handler_is_redelivered_after_the_lease(
     assert {h[1] for h in first} == {str(victim.pid)}
     assert {h[1] for h in second} == {str(standby.pid)}
     assert [h[4] for h in second] == ids, "every event once more, in log order, none lost"
-    # The victim's batch (handled or not, never acked) is on its second attempt.
-    assert all(h[5] == "2" for h in second), [h[5] for h in second]
+    # The victim's batch (handled or not, never acked) was not charged for its death: each
+    # event comes back as attempt 1 (one at a time).
+    assert all(h[5] == "1" for h in second), [h[5] for h in second]
     took_ms = int(second[0][0]) - killed_at * 1000
     assert took_ms >= 900, f"taken over {took_ms:.0f} ms after the kill: before the lease ran out"
     lg = asyncio.run(lag(url, "a"))
@@ -292,34 +295,58 @@ def test_a_consumer_killed_mid_handler_is_redelivered_after_the_lease(
     assert asyncio.run(drain_again(url, "a")) == gnl.DrainResult(0, 0, 0), "acked once"
 
 
-def test_a_handler_that_kills_its_process_uses_up_its_attempts(
-    store_url: Callable[[], str], tmp_path: Path
-) -> None:
-    url = store_url()
-    ids = [f"e-{i}" for i in range(20)]
-    asyncio.run(emit_ids(url, ids))
-    env = {"GNL_CRASH": "e-5", "GNL_MAX_ATTEMPTS": "2", "GNL_TEST_LEASE_MS": "600"}
+def run_poison(url: str, tmp: Path, max_attempts: int) -> tuple[list[gnl.DeadEvent], list[str]]:
+    """Events ``e-0`` … ``e-19`` consumed by name ``a`` whose handler SIGKILLs its process on
+    ``e-5``, a new process taking over each time, until nothing is behind. The quarantine
+    records and the attempts of ``e-5``'s handler calls."""
+    asyncio.run(emit_ids(url, [f"e-{i}" for i in range(20)]))
+    env = {"GNL_CRASH": "e-5", "GNL_MAX_ATTEMPTS": str(max_attempts), "GNL_TEST_LEASE_MS": "600"}
+
+    def settled() -> bool:
+        lg = asyncio.run(lag(url, "a"))
+        return lg is not None and lg.behind == 0
+
+    with processes(tmp, url) as spawn:
+        live = spawn("consume", "a", **env)
+        deadline = time.monotonic() + 120
+        while not settled():
+            assert time.monotonic() < deadline, "timed out"
+            assert len(lines(tmp, "S")) < 10, "the poison event keeps killing consumers"
+            if live.poll() is not None:  # it killed itself: the next process takes over
+                live = spawn("consume", "a", **env)
+            time.sleep(0.1)
+        time.sleep(0.5)
 
     async def dead() -> list[gnl.DeadEvent]:
         async with await gnl.connect(url) as st:
             return await gnl.list_dead_events(st.work, "t", "a")
 
-    with processes(tmp_path, url) as spawn:
-        live = spawn("consume", "a", **env)
-        deadline = time.monotonic() + 120
-        rest = set(ids) - {"e-5"}
-        while not ({h[4] for h in handled(tmp_path, "a")} >= rest and asyncio.run(dead())):
-            assert time.monotonic() < deadline, "timed out"
-            assert len(lines(tmp_path, "S")) < 10, "the poison event keeps killing consumers"
-            if live.poll() is not None:  # it killed itself: the next process takes over
-                live = spawn("consume", "a", **env)
-            time.sleep(0.1)
-        time.sleep(0.5)
-        calls = [h for h in handled(tmp_path, "a") if h[4] == "e-5"]
-        assert [h[5] for h in calls] == ["1", "2"], "delivered max_attempts times, no more"
-        (d,) = asyncio.run(dead())
-        # Three deliveries counted: two ran the handler, the third quarantined it unrun.
-        assert (d.id, d.attempts) == ("e-5", 3) and "never returned" in d.error, d
-        lg = asyncio.run(lag(url, "a"))
-        assert lg is not None and (lg.cursor, lg.behind, lg.dead) == (20, 0, 1)
-        assert {h[4] for h in handled(tmp_path, "a")} == set(ids), "the rest flowed"
+    lg = asyncio.run(lag(url, "a"))
+    assert lg is not None and (lg.cursor, lg.behind, lg.dead) == (20, 0, 1)
+    got = handled(tmp, "a")
+    assert {h[4] for h in got} == {f"e-{i}" for i in range(20)}, "the rest flowed"
+    assert asyncio.run(drain_again(url, "a")) == gnl.DrainResult(0, 0, 0), "acked once"
+    return asyncio.run(dead()), [h[5] for h in got if h[4] == "e-5"]
+
+
+def test_a_handler_that_kills_its_process_uses_up_its_attempts(
+    store_url: Callable[[], str], tmp_path: Path
+) -> None:
+    (d,), calls = run_poison(store_url(), tmp_path, 2)
+    # The first death, in a batch, is not charged; then max_attempts charged deliveries.
+    assert calls == ["1", "1", "2"], "max_attempts charged deliveries, no more"
+    # Three deliveries charged: two ran the handler, the third quarantined it unrun.
+    assert (d.id, d.attempts) == ("e-5", 3) and "never returned" in d.error, d
+
+
+def test_a_kill_inside_a_batch_charges_only_the_event_it_hit(
+    store_url: Callable[[], str], tmp_path: Path
+) -> None:
+    """Issue 12's repro: a handler kills its process on the 6th event of a fetched batch, with
+    ``max_attempts=1``. The batch is not charged for that death: its events come back one at a
+    time, each charged, so the next death is charged to the killing event, which alone is
+    quarantined (its error true: its attempt never returned); every other event is handled and
+    acked."""
+    dead, calls = run_poison(store_url(), tmp_path, 1)
+    assert [(d.id, d.attempts, "never returned" in d.error) for d in dead] == [("e-5", 2, True)]
+    assert calls == ["1", "1"], "killed once in the batch (uncharged), once charged"

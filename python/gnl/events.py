@@ -85,7 +85,9 @@ class EventMeta:
         consumer: The consumer name delivering it.
         org_id: Its organization, or None.
         emitted_at: When it was emitted (epoch ms UTC, store clock).
-        attempt: This delivery's attempt (1-based, counted at delivery).
+        attempt: This delivery's attempt (1-based): the attempts charged before it + 1. A
+            delivery whose batch's holder died or lost its lease before settling it is not
+            charged, so an event redelivered after that is on the same attempt again.
         signal: Aborts with ``lease-lost`` (another process holds the consumer now) or
             ``timeout`` (``max_hold_ms`` ran out).
     """
@@ -120,10 +122,10 @@ class DeadEvent:
         id: The event id.
         topic: Its topic.
         consumer: The consumer name it was quarantined for.
-        attempts: The deliveries counted for it (counted at delivery). An event whose
-            handler never returned (its process died or lost the lease) in ``max_attempts``
-            deliveries is quarantined at the next one without a handler call, so this is
-            ``max_attempts + 1`` then.
+        attempts: The deliveries charged to it: a failure, or a delivery on its own (charged
+            before its handler runs). An event whose handler never returned (its process died
+            or lost the lease) in ``max_attempts`` charged deliveries is quarantined at the
+            next one without a handler call, so this is ``max_attempts + 1`` then.
         error: The last attempt's error.
         at: When it was quarantined (epoch ms UTC).
         payload: The event's payload.
@@ -598,8 +600,9 @@ class Consumer:
     ) -> tuple[int, str | None, int | None]:
         seq, id, org, payload, emitted_at, attempt = row
         if attempt > self.max_attempts:
-            # Its max_attempts deliveries were counted and none settled: the handler killed its
-            # process (or a holder lost the lease) every time. Quarantined without a handler call.
+            # Its max_attempts deliveries were charged (each alone, counted before its handler
+            # ran) and none settled: the handler killed its process (or a holder lost the lease)
+            # every time. Quarantined without a handler call.
             done[0] += 1
             done[2] += 1
             return (
@@ -674,6 +677,8 @@ def create_consumer(
             when it returns, failed when it raises.
         name: The consumer name (its cursor and ack markers).
         max_attempts: Quarantine after this many failed attempts (>= 1; ``math.inf``: never).
+            A death of the process (or a lost lease) counts for the event it hit only: the
+            rest of its batch is redelivered uncharged, one event at a time.
         retry_delay_ms: Delay (ms) before a failed event is delivered again: an int, or a
             callable of the failed attempt (1-based); default exponential from 60,000 ms,
             doubling, capped at 3,600,000 ms.

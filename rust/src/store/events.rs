@@ -62,7 +62,8 @@ pub struct EventRow {
     /// JSON text.
     pub payload: String,
     pub emitted_at: i64,
-    /// The attempt this delivery is (1-based), counted when it was handed out.
+    /// The attempt this delivery is (1-based): the charged attempts before it + 1 (a lone
+    /// delivery is charged when handed out, a batch's when a failure of it settles).
     pub attempt: i64,
 }
 
@@ -144,21 +145,31 @@ pub struct DeadEventRow {
 /// The most events one fetch hands out.
 pub const MAX_FETCH: i64 = 1_000;
 
-/// Which of the due candidates (in seq order, with the attempts each has used) one fetch hands
-/// out: an event that was delivered before and not settled (its holder died, or its handler
-/// failed) goes out alone, so that an event that kills its process uses up only its own
-/// attempts; fresh events go out together, up to the first redelivery.
-pub fn pick(mut due: Vec<EventRow>) -> Vec<EventRow> {
+/// Which of the due candidates (in seq order, each with `lone`: it must go out alone) one
+/// fetch hands out. A lone event (one with a mark that was charged before, or whose batch
+/// delivery was never settled: its holder died or lost the lease) goes out alone, charged at
+/// the fetch, so a death during it is charged to it exactly; other events go out together, up
+/// to the first lone one, uncharged until they settle (docs/DECISIONS.md "Events: a holder's
+/// death is charged to the event it hit").
+pub fn pick(mut due: Vec<(EventRow, bool)>) -> Vec<(EventRow, bool)> {
     match due.first() {
-        Some(f) if f.attempt > 1 => {
-            due.truncate(1);
-            due
-        }
+        Some((_, true)) => due.truncate(1),
         _ => {
-            let n = due.iter().take_while(|e| e.attempt == 1).count();
+            let n = due.iter().take_while(|(_, lone)| !lone).count();
             due.truncate(n);
-            due
         }
+    }
+    due
+}
+
+/// The attempts to write for a picked event at its fetch and whether its mark is `batched`: a
+/// lone event is charged now (`attempt`), a batched one is not (`attempt - 1`, charged when a
+/// failure of it settles).
+pub fn fetch_charge(e: &EventRow, lone: bool) -> (i64, i64) {
+    if lone {
+        (e.attempt, 0)
+    } else {
+        (e.attempt - 1, 1)
     }
 }
 
@@ -174,8 +185,9 @@ pub trait EventStore: Send + Sync {
     /// (creating its cursor at the start of the log). False when a newer token holds it.
     async fn consumer_open(&self, topic: &str, name: &str, token: i64) -> Result<bool>;
 
-    /// Hand out the next due events (`pick`, at most `limit`) to the holder of `token`,
-    /// counting an attempt for each. `None` when `token` no longer holds the consumer.
+    /// Hand out the next due events (`pick`, at most `limit`) to the holder of `token`: a
+    /// lone one charged (its attempt counted), a batch uncharged (`fetch_charge`). `None` when
+    /// `token` no longer holds the consumer.
     async fn event_fetch(
         &self,
         topic: &str,

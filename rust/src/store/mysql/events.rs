@@ -21,15 +21,17 @@ fn opt_i64(r: &MySqlRow, i: usize) -> Option<i64> {
     r.try_get_unchecked::<Option<i64>, _>(i).ok().flatten()
 }
 
-fn event_row(r: &MySqlRow) -> EventRow {
-    EventRow {
+/// A fetch candidate and whether it goes out alone (`pick`).
+fn event_row(r: &MySqlRow) -> (EventRow, bool) {
+    let e = EventRow {
         seq: r.get(0),
         id: text(r, 1),
         org: text(r, 2),
         payload: text(r, 3),
         emitted_at: r.get(4),
         attempt: r.get::<i64, _>(5) + 1,
-    }
+    };
+    (e, r.get::<i64, _>(6) != 0)
 }
 
 impl MysqlStore {
@@ -219,15 +221,17 @@ impl EventStore for MysqlStore {
         };
         let limit = limit.clamp(1, MAX_FETCH);
         self.counted(1);
-        let mut due: Vec<EventRow> = sqlx::query(
-            "(SELECT e.seq, e.id, e.org, e.payload, e.emitted_at, coalesce(m.attempts, 0) \
+        let mut due: Vec<(EventRow, bool)> = sqlx::query(
+            "(SELECT e.seq, e.id, e.org, e.payload, e.emitted_at, coalesce(m.attempts, 0), \
+                coalesce(m.attempts > 0 OR m.batched = 1, 0) \
               FROM gnl_events e LEFT JOIN gnl_event_marks m \
                 ON m.topic = e.topic AND m.name = ? AND m.seq = e.seq \
               WHERE e.topic = ? AND e.seq > ? AND e.deliver_at <= ? \
                 AND (m.seq IS NULL OR (m.state = 'wait' AND m.due_at <= ?)) \
               ORDER BY e.seq LIMIT ?) \
              UNION ALL \
-             (SELECT e.seq, e.id, e.org, e.payload, e.emitted_at, m.attempts \
+             (SELECT e.seq, e.id, e.org, e.payload, e.emitted_at, m.attempts, \
+                m.attempts > 0 OR m.batched = 1 \
               FROM gnl_event_marks m JOIN gnl_events e ON e.topic = m.topic AND e.seq = m.seq \
               WHERE m.topic = ? AND m.name = ? AND m.seq <= ? AND m.state = 'wait' AND m.due_at <= ? \
               ORDER BY m.seq LIMIT ?)",
@@ -248,32 +252,38 @@ impl EventStore for MysqlStore {
         .iter()
         .map(event_row)
         .collect();
-        due.sort_by_key(|e| e.seq);
+        due.sort_by_key(|(e, _)| e.seq);
         due.truncate(limit as usize);
         let out = pick(due);
-        for r in plan(out.len(), 5, self.budget, |_| 64) {
+        for r in plan(out.len(), 6, self.budget, |_| 64) {
             let mut q = Sql::new(
-                "INSERT INTO gnl_event_marks (topic, name, seq, state, attempts, due_at) VALUES ",
+                "INSERT INTO gnl_event_marks (topic, name, seq, state, attempts, due_at, batched) VALUES ",
             );
             q.rows = r.len();
             for (k, i) in r.enumerate() {
                 q.s(if k == 0 {
-                    "(?,?,?,'wait',?,?)"
+                    "(?,?,?,'wait',?,?,?)"
                 } else {
-                    ",(?,?,?,'wait',?,?)"
+                    ",(?,?,?,'wait',?,?,?)"
                 });
+                let (e, lone) = &out[i];
+                let (attempts, batched) = fetch_charge(e, *lone);
                 q.bind(topic.as_bytes())?
                     .bind(name.as_bytes())?
-                    .bind(out[i].seq)?
-                    .bind(out[i].attempt)?
-                    .bind(now)?;
+                    .bind(e.seq)?
+                    .bind(attempts)?
+                    .bind(now)?
+                    .bind(batched)?;
             }
-            q.s(" ON DUPLICATE KEY UPDATE attempts = VALUES(attempts), state = 'wait', due_at = VALUES(due_at)");
+            q.s(
+                " ON DUPLICATE KEY UPDATE attempts = VALUES(attempts), state = 'wait', \
+                 due_at = VALUES(due_at), batched = VALUES(batched)",
+            );
             self.counted(1);
             q.execute(&mut *tx).await?;
         }
         self.commit(tx).await?;
-        Ok(Some(out))
+        Ok(Some(out.into_iter().map(|(e, _)| e).collect()))
     }
 
     async fn event_settle(
@@ -319,7 +329,8 @@ impl EventStore for MysqlStore {
                 Some(d) => {
                     self.counted(1);
                     sqlx::query(
-                        "UPDATE gnl_event_marks SET due_at = ?, error = ? \
+                        "UPDATE gnl_event_marks SET due_at = ?, error = ?, \
+                         attempts = attempts + batched, batched = 0 \
                          WHERE topic = ? AND name = ? AND seq = ? AND state = 'wait'",
                     )
                     .bind(now.saturating_add(*d))
@@ -333,7 +344,8 @@ impl EventStore for MysqlStore {
                 None => {
                     self.counted(2);
                     let n = sqlx::query(
-                        "UPDATE gnl_event_marks SET state = 'dead', error = ? \
+                        "UPDATE gnl_event_marks SET state = 'dead', error = ?, \
+                         attempts = attempts + batched, batched = 0 \
                          WHERE topic = ? AND name = ? AND seq = ? AND state = 'wait'",
                     )
                     .bind(error.as_str())

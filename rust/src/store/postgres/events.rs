@@ -24,16 +24,19 @@ const EMIT_ROWS: usize = 20_000;
 // event's mark is one index probe (a LATERAL with LIMIT 1 is not flattened into a join): as a
 // join, the planner sorted or hashed the whole marks table, whose dead rows (a batch's marks
 // are written at fetch and deleted at settle) grow until a vacuum.
-const CANDIDATES: &str = "SELECT seq, id, org, payload, emitted_at, attempts FROM ( \
-       (SELECT e.seq, e.id, e.org, e.payload, e.emitted_at, coalesce(m.attempts, 0) AS attempts \
-       FROM gnl_events e LEFT JOIN LATERAL (SELECT m.attempts, m.state, m.due_at \
+// The last column says whether the event goes out alone (`pick`).
+const CANDIDATES: &str = "SELECT seq, id, org, payload, emitted_at, attempts, lone FROM ( \
+       (SELECT e.seq, e.id, e.org, e.payload, e.emitted_at, coalesce(m.attempts, 0) AS attempts, \
+         coalesce(m.attempts > 0 OR m.batched = 1, false) AS lone \
+       FROM gnl_events e LEFT JOIN LATERAL (SELECT m.attempts, m.state, m.due_at, m.batched \
          FROM gnl_event_marks m WHERE m.topic = e.topic AND m.name = $2 AND m.seq = e.seq \
          LIMIT 1) m ON true \
        WHERE e.topic = $1 AND e.seq > $3 AND e.deliver_at <= $4 \
          AND (m.state IS NULL OR (m.state = 'wait' AND m.due_at <= $4)) \
        ORDER BY e.seq LIMIT $5) \
        UNION ALL \
-       (SELECT e.seq, e.id, e.org, e.payload, e.emitted_at, m.attempts \
+       (SELECT e.seq, e.id, e.org, e.payload, e.emitted_at, m.attempts, \
+         m.attempts > 0 OR m.batched = 1 \
        FROM gnl_event_marks m JOIN gnl_events e ON e.topic = m.topic AND e.seq = m.seq \
        WHERE m.topic = $1 AND m.name = $2 AND m.seq <= $3 AND m.state = 'wait' AND m.due_at <= $4 \
        ORDER BY m.seq LIMIT $5)) c \
@@ -174,7 +177,7 @@ impl EventStore for PostgresStore {
             return Ok(None);
         };
         self.counted(1);
-        let due: Vec<EventRow> = sqlx::query(CANDIDATES)
+        let due: Vec<(EventRow, bool)> = sqlx::query(CANDIDATES)
             .bind(topic)
             .bind(name)
             .bind(cursor)
@@ -183,36 +186,42 @@ impl EventStore for PostgresStore {
             .fetch_all(&mut *tx)
             .await?
             .iter()
-            .map(|r| EventRow {
-                seq: r.get(0),
-                id: r.get(1),
-                org: r.get(2),
-                payload: r.get(3),
-                emitted_at: r.get(4),
-                attempt: r.get::<i64, _>(5) + 1,
+            .map(|r| {
+                let e = EventRow {
+                    seq: r.get(0),
+                    id: r.get(1),
+                    org: r.get(2),
+                    payload: r.get(3),
+                    emitted_at: r.get(4),
+                    attempt: r.get::<i64, _>(5) + 1,
+                };
+                (e, r.get::<bool, _>(6))
             })
             .collect();
         let out = pick(due);
         if !out.is_empty() {
-            let seqs: Vec<i64> = out.iter().map(|e| e.seq).collect();
-            let attempts: Vec<i64> = out.iter().map(|e| e.attempt).collect();
+            let seqs: Vec<i64> = out.iter().map(|(e, _)| e.seq).collect();
+            let (attempts, batched): (Vec<i64>, Vec<i64>) =
+                out.iter().map(|(e, lone)| fetch_charge(e, *lone)).unzip();
             self.counted(1);
             sqlx::query(
-                "INSERT INTO gnl_event_marks (topic, name, seq, state, attempts, due_at) \
-                 SELECT $1, $2, s, 'wait', a, $5 FROM unnest($3::bigint[], $4::bigint[]) AS u(s, a) \
+                "INSERT INTO gnl_event_marks (topic, name, seq, state, attempts, due_at, batched) \
+                 SELECT $1, $2, s, 'wait', a, $5, b \
+                 FROM unnest($3::bigint[], $4::bigint[], $6::bigint[]) AS u(s, a, b) \
                  ON CONFLICT (topic, name, seq) DO UPDATE SET attempts = excluded.attempts, \
-                 state = 'wait', due_at = excluded.due_at",
+                 state = 'wait', due_at = excluded.due_at, batched = excluded.batched",
             )
             .bind(topic)
             .bind(name)
             .bind(&seqs)
             .bind(&attempts)
             .bind(now)
+            .bind(&batched)
             .execute(&mut *tx)
             .await?;
         }
         self.commit(tx).await?;
-        Ok(Some(out))
+        Ok(Some(out.into_iter().map(|(e, _)| e).collect()))
     }
 
     async fn event_settle(
@@ -260,7 +269,8 @@ impl EventStore for PostgresStore {
             match retry_after_ms {
                 Some(d) => {
                     sqlx::query(
-                        "UPDATE gnl_event_marks SET due_at = $4, error = $5 \
+                        "UPDATE gnl_event_marks SET due_at = $4, error = $5, \
+                         attempts = attempts + batched, batched = 0 \
                          WHERE topic = $1 AND name = $2 AND seq = $3 AND state = 'wait'",
                     )
                     .bind(topic)
@@ -273,7 +283,8 @@ impl EventStore for PostgresStore {
                 }
                 None => {
                     sqlx::query(
-                        "WITH m AS (UPDATE gnl_event_marks SET state = 'dead', error = $4 \
+                        "WITH m AS (UPDATE gnl_event_marks SET state = 'dead', error = $4, \
+                           attempts = attempts + batched, batched = 0 \
                            WHERE topic = $1 AND name = $2 AND seq = $3 AND state = 'wait' RETURNING attempts) \
                          INSERT INTO gnl_dead_events (topic, name, seq, attempts, error, at, handed_back) \
                          SELECT $1, $2, $3, m.attempts, $4, $5, false FROM m \

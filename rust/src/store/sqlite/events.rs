@@ -22,19 +22,21 @@ use crate::store::events::*;
 
 /// The due candidates of a fetch past the cursor (`?1` topic, `?2` name, `?3` cursor, `?4`
 /// now, `?5` limit) and the handed-back events below it; the last column says whether the
-/// event has a mark.
+/// event goes out alone (`pick`): a mark charged before, or a batch delivery never settled.
 // Each arm is limited and ordered on its own (an index walk that stops after `?5` rows): a
 // limit only on the union made SQLite sort the whole backlog past the cursor on every fetch.
-const CANDIDATES: &str = "SELECT seq, id, org, payload, emitted_at, attempts, marked FROM ( \
+const CANDIDATES: &str = "SELECT seq, id, org, payload, emitted_at, attempts, marked, lone FROM ( \
        SELECT * FROM (SELECT e.seq, e.id, e.org, e.payload, e.emitted_at, \
-         coalesce(m.attempts, 0) AS attempts, m.seq IS NOT NULL AS marked \
+         coalesce(m.attempts, 0) AS attempts, m.seq IS NOT NULL AS marked, \
+         m.seq IS NOT NULL AND (m.attempts > 0 OR m.batched = 1) AS lone \
        FROM gnl_events e LEFT JOIN gnl_event_marks m \
          ON m.topic = e.topic AND m.name = ?2 AND m.seq = e.seq \
        WHERE e.topic = ?1 AND e.seq > ?3 AND e.deliver_at <= ?4 \
          AND (m.seq IS NULL OR (m.state = 'wait' AND m.due_at <= ?4)) \
        ORDER BY e.seq LIMIT ?5) \
        UNION ALL \
-       SELECT * FROM (SELECT e.seq, e.id, e.org, e.payload, e.emitted_at, m.attempts, 1 \
+       SELECT * FROM (SELECT e.seq, e.id, e.org, e.payload, e.emitted_at, m.attempts, 1, \
+         m.attempts > 0 OR m.batched = 1 \
        FROM gnl_event_marks m JOIN gnl_events e ON e.topic = m.topic AND e.seq = m.seq \
        WHERE m.topic = ?1 AND m.name = ?2 AND m.seq <= ?3 AND m.state = 'wait' AND m.due_at <= ?4 \
        ORDER BY m.seq LIMIT ?5)) \
@@ -50,10 +52,11 @@ const SET_SPAN: &str = "UPDATE gnl_consumers SET span_hi = ?3, span_at = ?4, spa
      cursor_seq = ?6 WHERE topic = ?1 AND name = ?2";
 
 /// Turn a span into marks: every event in it that has no mark (`?3` cursor, `?4` last seq,
-/// `?5` fetched at) was delivered once and not settled: a `wait` mark, attempts 1, due at `?6`.
+/// `?5` fetched at) was delivered in a batch and not settled, so that delivery is not charged:
+/// a `wait` mark, attempts 0, `batched` (it goes out alone, charged), due at `?6`.
 const SPAN_TO_MARKS: &str =
-    "INSERT INTO gnl_event_marks (topic, name, seq, state, attempts, due_at) \
-     SELECT e.topic, ?2, e.seq, 'wait', 1, ?6 FROM gnl_events e \
+    "INSERT INTO gnl_event_marks (topic, name, seq, state, attempts, due_at, batched) \
+     SELECT e.topic, ?2, e.seq, 'wait', 0, ?6, 1 FROM gnl_events e \
      WHERE e.topic = ?1 AND e.seq > ?3 AND e.seq <= ?4 AND e.deliver_at <= ?5 \
        AND NOT EXISTS (SELECT 1 FROM gnl_event_marks m \
          WHERE m.topic = e.topic AND m.name = ?2 AND m.seq = e.seq)";
@@ -64,8 +67,10 @@ const NEW_MARK: &str =
     "INSERT INTO gnl_event_marks (topic, name, seq, state, attempts, due_at, error) \
      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (topic, name, seq) DO NOTHING";
 
-/// Count an attempt (`?4`) for a delivered marked event (`?3`): it waits, due at `?5`.
-const REDELIVERED: &str = "UPDATE gnl_event_marks SET attempts = ?4, state = 'wait', due_at = ?5 \
+/// A delivered marked event (`?3`): its attempts `?4` (charged, or not for a batch: `?6`
+/// batched); it waits, due at `?5`.
+const REDELIVERED: &str = "UPDATE gnl_event_marks \
+     SET attempts = ?4, state = 'wait', due_at = ?5, batched = ?6 \
      WHERE topic = ?1 AND name = ?2 AND seq = ?3";
 
 const MARK_OK: &str = "UPDATE gnl_event_marks SET state = 'ok', error = NULL \
@@ -73,10 +78,13 @@ const MARK_OK: &str = "UPDATE gnl_event_marks SET state = 'ok', error = NULL \
 
 const UNDEAD: &str = "DELETE FROM gnl_dead_events WHERE topic = ?1 AND name = ?2 AND seq = ?3";
 
-const MARK_RETRY: &str = "UPDATE gnl_event_marks SET due_at = ?4, error = ?5 \
+/// A failure settled: a batch delivery's attempt is charged now.
+const MARK_RETRY: &str = "UPDATE gnl_event_marks \
+     SET due_at = ?4, error = ?5, attempts = attempts + batched, batched = 0 \
      WHERE topic = ?1 AND name = ?2 AND seq = ?3 AND state = 'wait'";
 
-const MARK_DEAD: &str = "UPDATE gnl_event_marks SET state = 'dead', error = ?4 \
+const MARK_DEAD: &str = "UPDATE gnl_event_marks \
+     SET state = 'dead', error = ?4, attempts = attempts + batched, batched = 0 \
      WHERE topic = ?1 AND name = ?2 AND seq = ?3 AND state = 'wait' RETURNING attempts";
 
 const DEAD_RECORD: &str =
@@ -97,8 +105,8 @@ const PASSED_MARKS: &str = "DELETE FROM gnl_event_marks \
 
 /// A consumer row as its holder reads it (`HOLD`). The span is the fetched batch of fresh
 /// events in flight, kept on the row instead of a mark per event: every event in
-/// `(cursor, hi]` with no mark and `deliver_at <= at` was delivered once and is not settled
-/// (`n` of them; `n = 0`: no span). See docs/DECISIONS.md "Events: the in-flight span".
+/// `(cursor, hi]` with no mark and `deliver_at <= at` was delivered in a batch (uncharged) and
+/// is not settled (`n` of them; `n = 0`: no span). See docs/DECISIONS.md "Events: the in-flight span".
 struct Held {
     cursor: i64,
     hi: i64,
@@ -120,7 +128,8 @@ fn hold(db: &mut Db, topic: &str, name: &str, token: i64, now: i64) -> Result<Op
         }))
 }
 
-/// Turn a live span into `wait` marks (its holder died, or settled only part of it).
+/// Turn a live span into `batched` `wait` marks, uncharged (its holder died, or settled only
+/// part of it): they go out alone, each charged at its fetch.
 fn span_to_marks(db: &mut Db, topic: &str, name: &str, h: &Held, now: i64) -> Result<()> {
     let args = [
         topic.into(),
@@ -177,7 +186,7 @@ fn fetch_tx(
         limit.clamp(1, MAX_FETCH).into(),
     ];
     let mut marked = vec![];
-    let due: Vec<EventRow> = db
+    let due: Vec<(EventRow, bool)> = db
         .rows(CANDIDATES, &args, true)?
         .into_iter()
         .map(|r| {
@@ -186,28 +195,32 @@ fn fetch_tx(
             let (seq, id, org, payload) = (next().int(), next(), next(), next());
             let (emitted_at, attempts) = (next().int(), next().int());
             marked.push(next().int() != 0);
-            EventRow {
+            let lone = next().int() != 0;
+            let e = EventRow {
                 seq,
                 id: id.text().unwrap_or_default(),
                 org: org.text().unwrap_or_default(),
                 payload: payload.text().unwrap_or_default(),
                 emitted_at,
                 attempt: attempts + 1,
-            }
+            };
+            (e, lone)
         })
         .collect();
-    // `pick` keeps a prefix of the candidates (a redelivery alone, or the fresh events up to
-    // the first redelivery), so every unmarked due event up to the span's last is handed out.
+    // `pick` keeps a prefix of the candidates (a lone event alone, or the others up to the
+    // first lone one), so every unmarked due event up to the span's last is handed out.
     let out = pick(due);
     let (mut hi, mut n) = (0, 0);
-    for (e, &m) in out.iter().zip(&marked) {
+    for ((e, lone), &m) in out.iter().zip(&marked) {
         if m {
+            let (attempts, batched) = fetch_charge(e, *lone);
             let args = [
                 topic.into(),
                 name.into(),
                 e.seq.into(),
-                e.attempt.into(),
+                attempts.into(),
                 now.into(),
+                batched.into(),
             ];
             db.exec(REDELIVERED, &args, true)?;
         } else {
@@ -217,7 +230,7 @@ fn fetch_tx(
     if n > 0 || h.n > 0 {
         set_span(db, topic, name, [hi, now, n], h.cursor)?;
     }
-    Ok(Some(out))
+    Ok(Some(out.into_iter().map(|(e, _)| e).collect()))
 }
 
 /// Write `outcomes` for the holder of `token` and move the cursor (`EventStore::event_settle`).
@@ -293,7 +306,7 @@ fn settle_tx(
     }
     if h.n > 0 && (spanned.len() as i64) < h.n {
         // Part of the span was not settled (the holder lost its lease mid-batch): its accepted
-        // events get marks, the rest `wait` marks (their attempt was counted at the fetch).
+        // events get marks, the rest `batched` `wait` marks (that delivery is not charged).
         for &seq in &accepted {
             new_mark(db, key(seq), "ok", now, None)?;
         }

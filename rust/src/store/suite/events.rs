@@ -20,7 +20,8 @@ on_every_engine! {
         a_not_yet_due_event_holds_the_cursor_not_the_events_behind_it,
         a_stale_holder_is_fenced_off,
         a_redelivered_event_goes_out_alone,
-        the_unsettled_rest_of_a_batch_comes_back_counted,
+        the_unsettled_rest_of_a_batch_comes_back_uncharged,
+        a_batch_whose_holder_died_is_not_charged_the_event_it_hit_is,
         a_settle_written_again_changes_nothing,
         a_handed_back_event_goes_out_with_fresh_ones,
     ],
@@ -51,7 +52,12 @@ fn accept(rows: &[EventRow]) -> Vec<EventOutcome> {
 
 /// Nothing is due for consumer `c` of `t` (holding token 1).
 async fn nothing_due(s: &Arc<dyn Store>) {
-    let rows = s.event_fetch("t", "c", 1, 100).await.unwrap().unwrap();
+    nothing_due_for(s, 1).await;
+}
+
+/// Nothing is due for consumer `c` of `t` holding `token`.
+async fn nothing_due_for(s: &Arc<dyn Store>, token: i64) {
+    let rows = s.event_fetch("t", "c", token, 100).await.unwrap().unwrap();
     assert!(rows.is_empty(), "due: {:?}", ids(&rows));
 }
 
@@ -220,11 +226,12 @@ pub async fn a_stale_holder_is_fenced_off(s: Arc<dyn Store>) {
     assert_eq!(ids(&rows), ["a"]);
     assert!(s.consumer_open("t", "c", 2).await.unwrap());
     assert!(!s.consumer_open("t", "c", 1).await.unwrap());
-    // The old holder's ack is refused and writes nothing; the new one gets "a" again.
+    // The old holder's ack is refused and writes nothing; the new one gets "a" again, alone
+    // (its batch delivery, never settled, was not charged).
     assert!(!s.event_settle("t", "c", 1, &accept(&rows)).await.unwrap());
     assert!(s.event_fetch("t", "c", 1, 10).await.unwrap().is_none());
     let rows = s.event_fetch("t", "c", 2, 10).await.unwrap().unwrap();
-    assert_eq!((ids(&rows), rows[0].attempt), (vec!["a".to_string()], 2));
+    assert_eq!((ids(&rows), rows[0].attempt), (vec!["a".to_string()], 1));
     assert!(s.event_settle("t", "c", 2, &accept(&rows)).await.unwrap());
     assert_eq!(consume_all(&s, "t", "c", 2).await, ["b"]);
 }
@@ -236,12 +243,15 @@ pub async fn a_redelivered_event_goes_out_alone(s: Arc<dyn Store>) {
         s.event_fetch("t", "c", 1, 10).await.unwrap().unwrap().len(),
         3
     );
-    // The holder died before settling: the next one gets them one at a time.
+    // The holder died before settling: the next one gets them one at a time, uncharged by
+    // the batch delivery.
     assert!(s.consumer_open("t", "c", 2).await.unwrap());
-    let rows = s.event_fetch("t", "c", 2, 10).await.unwrap().unwrap();
-    assert_eq!((ids(&rows), rows[0].attempt), (vec!["a".to_string()], 2));
-    assert!(s.event_settle("t", "c", 2, &accept(&rows)).await.unwrap());
-    assert_eq!(consume_all(&s, "t", "c", 2).await, ["b", "c"]);
+    for id in ["a", "b", "c"] {
+        let rows = s.event_fetch("t", "c", 2, 10).await.unwrap().unwrap();
+        assert_eq!(tries(&rows), [(id.to_string(), 1)]);
+        assert!(s.event_settle("t", "c", 2, &accept(&rows)).await.unwrap());
+    }
+    nothing_due_for(&s, 2).await;
 }
 
 fn fail(seq: i64, retry: Option<i64>) -> EventOutcome {
@@ -258,8 +268,9 @@ fn tries(rows: &[EventRow]) -> Vec<(String, i64)> {
 }
 
 /// A holder that settles part of its batch (its lease ran out mid-batch): the rest were
-/// delivered, their attempt counted at the fetch, so they come back one at a time as attempt 2.
-pub async fn the_unsettled_rest_of_a_batch_comes_back_counted(s: Arc<dyn Store>) {
+/// delivered in a batch that was never settled, so that delivery is not charged: they come back
+/// one at a time, "b" and "d" as attempt 1; "c", which failed in-process, as attempt 2.
+pub async fn the_unsettled_rest_of_a_batch_comes_back_uncharged(s: Arc<dyn Store>) {
     s.emit("t", &batch(&["a", "b", "c", "d"])).await.unwrap();
     assert!(s.consumer_open("t", "c", 1).await.unwrap());
     assert_eq!(
@@ -270,14 +281,59 @@ pub async fn the_unsettled_rest_of_a_batch_comes_back_counted(s: Arc<dyn Store>)
     assert!(s.event_settle("t", "c", 1, &part).await.unwrap());
     let lag = s.consumer_lag("t", "c").await.unwrap().unwrap();
     assert_eq!((lag.cursor, lag.behind), (1, 3));
-    for id in ["b", "c", "d"] {
+    for (id, attempt) in [("b", 1), ("c", 2), ("d", 1)] {
         let rows = s.event_fetch("t", "c", 1, 10).await.unwrap().unwrap();
-        assert_eq!(tries(&rows), [(id.to_string(), 2)]);
+        assert_eq!(tries(&rows), [(id.to_string(), attempt)]);
         assert!(s.event_settle("t", "c", 1, &accept(&rows)).await.unwrap());
     }
     nothing_due(&s).await;
     let lag = s.consumer_lag("t", "c").await.unwrap().unwrap();
     assert_eq!((lag.cursor, lag.behind), (4, 0));
+}
+
+/// A holder dies in a batch (issue 12's repro): the batch is not charged. Its events come back
+/// one at a time, each charged before its handler runs; the one that kills the holder again is
+/// charged (attempt 2 next) and quarantined, the others flow; fresh events batch again after.
+pub async fn a_batch_whose_holder_died_is_not_charged_the_event_it_hit_is(s: Arc<dyn Store>) {
+    s.emit("t", &batch(&["a", "b", "c", "d"])).await.unwrap();
+    assert!(s.consumer_open("t", "c", 1).await.unwrap());
+    let rows = s.event_fetch("t", "c", 1, 10).await.unwrap().unwrap();
+    assert_eq!(
+        tries(&rows),
+        [("a", 1), ("b", 1), ("c", 1), ("d", 1)].map(|(i, a)| (i.to_string(), a))
+    );
+    // Holder 1 ran "a", died in "b"'s handler; nothing settled.
+    assert!(s.consumer_open("t", "c", 2).await.unwrap());
+    let rows = s.event_fetch("t", "c", 2, 10).await.unwrap().unwrap();
+    assert_eq!(tries(&rows), [("a".to_string(), 1)]);
+    assert!(s.event_settle("t", "c", 2, &accept(&rows)).await.unwrap());
+    let rows = s.event_fetch("t", "c", 2, 10).await.unwrap().unwrap();
+    assert_eq!(tries(&rows), [("b".to_string(), 1)]);
+    // Holder 2 died in "b" again: that delivery was charged.
+    assert!(s.consumer_open("t", "c", 3).await.unwrap());
+    let rows = s.event_fetch("t", "c", 3, 10).await.unwrap().unwrap();
+    assert_eq!(tries(&rows), [("b".to_string(), 2)]);
+    assert!(s.event_settle("t", "c", 3, &[fail(2, None)]).await.unwrap());
+    for id in ["c", "d"] {
+        let rows = s.event_fetch("t", "c", 3, 10).await.unwrap().unwrap();
+        assert_eq!(tries(&rows), [(id.to_string(), 1)]);
+        assert!(s.event_settle("t", "c", 3, &accept(&rows)).await.unwrap());
+    }
+    nothing_due_for(&s, 3).await;
+    let dead = s.dead_events("t", "c", 0, i64::MAX).await.unwrap();
+    assert_eq!(
+        dead.iter()
+            .map(|d| (d.id.as_str(), d.attempts))
+            .collect::<Vec<_>>(),
+        [("b", 2)]
+    );
+    let lag = s.consumer_lag("t", "c").await.unwrap().unwrap();
+    assert_eq!((lag.cursor, lag.behind, lag.dead), (4, 0, 1));
+    s.emit("t", &batch(&["e", "f"])).await.unwrap();
+    let rows = s.event_fetch("t", "c", 3, 10).await.unwrap().unwrap();
+    assert_eq!(tries(&rows), [("e".to_string(), 1), ("f".to_string(), 1)]);
+    assert!(s.event_settle("t", "c", 3, &accept(&rows)).await.unwrap());
+    nothing_due_for(&s, 3).await;
 }
 
 /// A settle written twice (the retry of a write whose answer was lost) changes nothing the
