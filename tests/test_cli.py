@@ -226,6 +226,14 @@ def test_tables_fit_a_narrow_terminal(tmp_path: Path) -> None:
     assert LONG_ID in "".join(pieces)
 
 
+@pytest.mark.parametrize("args", [(), ("jobs",), ("runs",)], ids=lambda a: " ".join(a) or "gnl")
+def test_a_group_without_its_command_prints_its_help(args: tuple[str, ...]) -> None:
+    r = gnl_cmd(*args)
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith(f"Usage: gnl{''.join(' ' + a for a in args)} "), r.stderr
+    assert "Commands:" in r.stderr and len(r.stderr.splitlines()) > 5, r.stderr
+
+
 @pytest.mark.parametrize(
     "args",
     [

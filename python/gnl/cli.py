@@ -158,6 +158,12 @@ def _short(text: str | None, width: int = 60) -> str:
 # -- the group ------------------------------------------------------------------------------------
 
 
+# click >= 8.2 raises this for a group called without a command (8.1 printed the help itself).
+_NO_ARGS_IS_HELP: type[click.UsageError] | None = getattr(
+    click.exceptions, "NoArgsIsHelpError", None
+)
+
+
 class _OneLineErrors(click.Group):
     """The ``gnl`` group: click's usage errors are one line on stderr too (exit code 2),
     naming the command's ``--help``."""
@@ -173,6 +179,11 @@ class _OneLineErrors(click.Group):
         try:
             return super().main(args, prog_name, complete_var, False, **extra)
         except click.UsageError as e:
+            if _NO_ARGS_IS_HELP is not None and isinstance(e, _NO_ARGS_IS_HELP) and e.ctx:
+                # A group called without its command (``gnl``, ``gnl jobs``): its help, as
+                # ``--help`` prints it, on stderr, exit 2.
+                click.echo(e.ctx.get_help(), err=True)
+                sys.exit(2)
             hint = f"; see {e.ctx.command_path} --help" if e.ctx is not None else ""
             _fail(f"{e.format_message().rstrip('.')}{hint}", 2)
         except click.Abort:
