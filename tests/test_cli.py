@@ -226,6 +226,14 @@ def test_tables_fit_a_narrow_terminal(tmp_path: Path) -> None:
     assert LONG_ID in "".join(pieces)
 
 
+@pytest.mark.parametrize("command", ["show", "retry", "cancel"])
+def test_an_empty_job_id_is_bad_usage(command: str, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/s.db"
+    asyncio.run(gnl.upgrade(url))
+    err = one_line_error(gnl_cmd("jobs", command, "", "--url", url), 2)
+    assert "non-empty" in err
+
+
 @pytest.mark.parametrize("args", [(), ("jobs",), ("runs",)], ids=lambda a: " ".join(a) or "gnl")
 def test_a_group_without_its_command_prints_its_help(args: tuple[str, ...]) -> None:
     r = gnl_cmd(*args)

@@ -89,6 +89,13 @@ def _run(coro_fn: Callable[[], Awaitable[T]]) -> T:
         _fail("interrupted", 130)
 
 
+def _nonempty(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """An id argument: an empty one is bad usage (exit 2), as gnl's API refuses it."""
+    if value == "":
+        raise click.BadParameter("must be a non-empty string")
+    return value
+
+
 def _need_url(url: str | None) -> str:
     if not url:
         raise click.UsageError("no store given: pass --url URL or set GNL_URL")
@@ -452,7 +459,7 @@ def jobs_list(
 
 
 @jobs.command("show", epilog=_ex("gnl jobs show order-42 --org acme --json"))
-@click.argument("job_id", metavar="ID")
+@click.argument("job_id", metavar="ID", callback=_nonempty)
 @_url_option
 @_org_option
 @click.option("--json", "as_json", is_flag=True, help="Print the job as one JSON object.")
@@ -505,7 +512,7 @@ async def _explain(storage: gnl.Storage, job_id: str, org: str | None) -> str:
 
 
 @jobs.command("retry", epilog=_ex("gnl jobs retry order-42 --org acme"))
-@click.argument("job_id", metavar="ID")
+@click.argument("job_id", metavar="ID", callback=_nonempty)
 @_url_option
 @_org_option
 @_json_option
@@ -529,7 +536,7 @@ def jobs_retry(job_id: str, url: str | None, org: str | None, as_json: bool) -> 
 
 
 @jobs.command("cancel", epilog=_ex('gnl jobs cancel order-42 --org acme --reason "duplicate"'))
-@click.argument("job_id", metavar="ID")
+@click.argument("job_id", metavar="ID", callback=_nonempty)
 @_url_option
 @_org_option
 @click.option("--reason", metavar="R", help="Recorded as the job's last error.")
