@@ -418,11 +418,12 @@ class Worker:
 
     # -- the claim loop ------------------------------------------------------------------
 
-    def _want(self) -> int:
+    def _want(self, pairing: bool) -> int:
         """How many jobs to claim now: the free slots, and the slots expected to free up
         before this claim's answer comes back (prefetch), less the jobs claimed ahead. Jobs
         claimed ahead count as started when a slot is free for them (``_fill`` starts them
-        right after the claim goes out)."""
+        right after the claim goes out). ``pairing``: ``_pairs()`` and not ``_late``, read
+        once per turn of the claim loop."""
         c = self.concurrency
         running = len(self._tasks)
         ready = len(self._ready)
@@ -431,7 +432,7 @@ class Worker:
         ready -= starting
         ahead = 0
         hold = self._hold_s
-        if self._pairs() and not self._late:
+        if pairing:
             # One slot, claims run at once on this thread (a SQLite file whose locks are free:
             # nothing runs meanwhile, so a claim gains nothing by going out while the handler
             # runs) and handlers shorter than a claim: two jobs a claim, once both are done
@@ -473,10 +474,11 @@ class Worker:
         backoff = self.poll_ms
         busy_wait = 0.005
         while drain or not self._stopping:
-            want = self._want()
+            pairing = self._pairs() and not self._late
+            want = self._want(pairing)
             if want <= 0:
                 self._fill()
-                if self._pairs() and not self._late and self._tasks:
+                if pairing and self._tasks:
                     # Waiting to claim a pair: a handler that outlasts a few claims (or 2 ms,
                     # a loaded machine's pause) gets the next job claimed ahead.
                     self._late = not await self._wait_slot(max(4 * self._claim_s, 0.002))
