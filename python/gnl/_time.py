@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import datetime
 
 from .errors import InvalidArgumentError
@@ -50,3 +51,9 @@ def check_int(value: object, name: str, minimum: int, maximum: int = MAX_INT) ->
     if value > maximum:
         raise InvalidArgumentError(f"{name} must be <= {maximum}, got {value}")
     return value
+
+
+def age_ms(sent: float) -> int:
+    """Ms since ``sent`` (``time.monotonic()`` read before a lock's or lease's acquisition was
+    sent), rounded up: the ``age_ms`` of the ``RunKeeper`` that renews it."""
+    return int((time.monotonic() - sent) * 1000) + 1

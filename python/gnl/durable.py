@@ -39,7 +39,7 @@ from typing import Any
 
 from . import _native
 from ._callables import require_async
-from ._time import MAX_DURATION_MS, check_int, to_ms
+from ._time import MAX_DURATION_MS, age_ms, check_int, to_ms
 from .errors import (
     GnlError,
     InvalidArgumentError,
@@ -169,12 +169,6 @@ _scan: Callable[[str, int], tuple[Any, int]] = json.scanner.make_scanner(_DECODE
 
 def _loads(text: str | None) -> Any:
     return None if text is None else _scan(text, 0)[0]
-
-
-def _age_ms(sent: float) -> int:
-    """Ms since ``sent`` (``time.monotonic()`` read before a lock's acquisition was sent),
-    rounded up: the ``age_ms`` of the ``RunKeeper`` that renews that lock."""
-    return int((time.monotonic() - sent) * 1000) + 1
 
 
 def _decode_done(recorded: list[_Rec]) -> dict[int, Any]:
@@ -563,7 +557,7 @@ async def execute(
                 lock or 0,
                 lambda why: signal.abort(why, f"run {run_id!r} lost its run lock"),
                 loop,
-                _age_ms(sent),
+                age_ms(sent),
             )
             if lock is not None and not keeper.held():
                 # The run lock lapsed before the body started (a slow store or process):

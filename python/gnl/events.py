@@ -22,8 +22,7 @@ from typing import Any
 
 from . import _native, _wake
 from ._callables import require_async
-from ._time import MAX_DURATION_MS, check_int
-from .durable import _age_ms
+from ._time import MAX_DURATION_MS, age_ms, check_int
 from .errors import InvalidArgumentError, InvalidJobError
 from .queue import JSON, JobSpec
 from .signal import RevocationSignal
@@ -532,7 +531,7 @@ class Consumer:
                 token,
                 self._lose,
                 asyncio.get_running_loop(),
-                _age_ms(sent),
+                age_ms(sent),
             )
             try:
                 while not self._stop and not self._lost:

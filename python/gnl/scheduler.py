@@ -25,8 +25,8 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from . import _native, _wake
-from ._time import MAX_DURATION_MS, check_int, to_ms
-from .durable import _age_ms, _owner
+from ._time import MAX_DURATION_MS, age_ms, check_int, to_ms
+from .durable import _owner
 from .errors import (
     GnlError,
     InvalidArgumentError,
@@ -539,7 +539,7 @@ class _Poller:
                 token,
                 lost,
                 loop,
-                _age_ms(sent),
+                age_ms(sent),
             )
             try:
                 cur = await _native.trigger_get(native, r.id)
