@@ -1,6 +1,7 @@
--- gnl schema 7 (Postgres): gnl_claim (migration 0002) with its lanes written in one pass, no JIT.
+-- gnl schema 6 (Postgres): gnl_claim (migration 0002) with its lanes written in one pass, no JIT.
 --
--- The function is 0002's but for its last statement's lane update. There, each locked lane
+-- The function is 0002's but for its last statement's lane update (Postgres replaces a function
+-- whole, so its body is repeated here; 0002 stays as the history). There, each locked lane
 -- was joined with its new head and with the organizations that got a job by an equality on
 -- the lane's place (`l JOIN h ON h.n = l.n LEFT JOIN k ON k.i = l.i`); every input is a CTE
 -- the planner estimates at a few rows, so the generic plan made both joins nested loops
