@@ -41,6 +41,9 @@ Attempt = tuple[int, int]
 
 #: The weight of the newest sample in the moving averages of handler and claim times.
 _EWMA = 0.2
+# The cap of a failed claim's backoff (ms), unless max_poll_ms is longer: a worker claims again
+# within 2 s of its store's return (docs/DECISIONS.md "Queue").
+_STORE_AWAY_MAX_MS = 2_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -520,8 +523,13 @@ class Worker:
                     log.error(
                         "gnl worker %s: claim failed, retrying in %d ms: %s", self.name, backoff, e
                     )
-                await self._sleep(backoff)
-                backoff = min(backoff * 2, max(self.max_poll_ms, 5_000))
+                # Back in a second or two when the store returns (docs/DECISIONS.md "Queue"):
+                # the cap is short, and a wake-up ends the sleep (the Postgres listener wakes
+                # every topic when it reconnects).
+                if not self._stopping:
+                    self._wake.clear()
+                    await _wake.sleep(self._storage._native, "jobs", seen, backoff, self._wake)
+                backoff = min(backoff * 2, max(self.max_poll_ms, _STORE_AWAY_MAX_MS))
                 continue
             finally:
                 self._claiming = False
@@ -578,15 +586,6 @@ class Worker:
             if timer is not None:
                 timer.cancel()
         return timer is None or self._ends != ends
-
-    async def _sleep(self, ms: int) -> None:
-        self._wake.clear()
-        if self._stopping:
-            return
-        try:
-            await asyncio.wait_for(self._wake.wait(), ms / 1000)
-        except asyncio.TimeoutError:
-            pass
 
     # -- running one job -----------------------------------------------------------------
 

@@ -87,8 +87,10 @@ impl Topic {
 /// shared memory: no table is touched).
 pub const DATA_VERSION_EVERY: Duration = Duration::from_millis(15);
 
-/// The longest pause between two tries of a watcher that lost its connection.
-pub const WATCH_MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// The longest pause between two tries of a watcher that lost its connection: one refused
+/// connect a second while the server is away, and its waiters (a worker backing off from the
+/// outage among them) woken within a second of its return.
+pub const WATCH_MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Changes to send to other processes (Postgres: a `NOTIFY` carrying them), coalesced: while
 /// one notification is in flight, the changes of every call that commits meanwhile wait for
