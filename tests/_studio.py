@@ -155,6 +155,18 @@ class Client:
         return self.request("POST", path, form=form, **kw)  # type: ignore[arg-type]
 
 
+def logged_in(port: int, token: str) -> Client:
+    """A browser-like session: logged in through the login page (the token in a cookie, no
+    Authorization header), so its unsafe requests need the CSRF token."""
+    c = Client(port)
+    page = c.get("/login").text
+    m = re.search(r'name="csrf" value="([0-9a-f]+)"', page)
+    assert m, page
+    r = c.request("POST", "/login", form=[("csrf", m.group(1)), ("token", token)])
+    assert r.status == 303, (r.status, r.text)
+    return c
+
+
 def job_key(org: str | None, job_id: str) -> str:
     import json
 

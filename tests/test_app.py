@@ -224,16 +224,24 @@ def test_grace_running_out_aborts_the_signals(
     ]
 
 
+def signalled_with_two_stuck_handlers(
+    url: str, tmp_path: Path, procs: list[Proc], grace_ms: int
+) -> Proc:
+    """`gnl run` with two handlers that ignore their signal, sent SIGTERM once both run."""
+    seed(url, jobs=2)
+    p = Proc(url, tmp_path, "--grace-ms", str(grace_ms), APP_WORK_MS="60000", APP_IGNORE_SIGNAL="1")
+    procs.append(p)
+    p.wait_for(lambda ls: len(started_and_ended(ls)[0]) == 2, "2 handlers running")
+    p.signal()
+    return p
+
+
 @pytest.mark.parametrize("backend", RUN_BACKENDS[:1])
 def test_second_sigterm_exits_at_once(
     store_url: Callable[[], str], tmp_path: Path, procs: list[Proc]
 ) -> None:
     url = store_url()
-    seed(url, jobs=2)
-    p = Proc(url, tmp_path, "--grace-ms", "60000", APP_WORK_MS="60000", APP_IGNORE_SIGNAL="1")
-    procs.append(p)
-    p.wait_for(lambda ls: len(started_and_ended(ls)[0]) == 2, "2 handlers running")
-    p.signal()
+    p = signalled_with_two_stuck_handlers(url, tmp_path, procs, grace_ms=60_000)
     time.sleep(0.5)
     assert p.p.poll() is None, "the first SIGTERM must wait for the handlers"
     t0 = time.monotonic()
@@ -273,8 +281,10 @@ def test_changed_schedule_stops_the_start(
     p = Proc(url, tmp_path)
     procs.append(p)
     assert p.finish() == 1
-    assert "schedule 'tick' changed" in p.stderr and "gnl triggers unschedule tick" in p.stderr
-    assert p.stderr.strip().splitlines()[-1].startswith("gnl: ")
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith("gnl: ") and "gnl triggers unschedule tick" in last, p.stderr
+    # Said once, not logged and then printed again.
+    assert p.stderr.count("schedule 'tick' changed") == 1, p.stderr
 
 
 def test_outdated_store_names_gnl_upgrade(tmp_path: Path, procs: list[Proc]) -> None:
@@ -513,3 +523,21 @@ def test_shutdown_at_any_moment_loses_nothing(
         assert revoked <= set(rest)
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("backend", RUN_BACKENDS[:1])
+def test_a_handler_past_both_graces_is_said_and_its_job_is_not_lost(
+    store_url: Callable[[], str], tmp_path: Path, procs: list[Proc]
+) -> None:
+    url = store_url()
+    p = signalled_with_two_stuck_handlers(url, tmp_path, procs, grace_ms=300)
+    assert p.finish() == 1, p.stderr
+    assert "did not stop (a handler ignores its aborted signal)" in p.stderr
+    assert "those attempts fail" in p.stderr
+    # As said: the attempts failed (cancelled), the jobs wait for their retry; none is lost.
+    jobs = jobs_of(url)
+    assert len(jobs) == 2
+    assert all(
+        j.state == "pending" and j.attempts == 1 and "CancelledError" in (j.last_error or "")
+        for j in jobs.values()
+    ), [(j.state, j.attempts, j.last_error) for j in jobs.values()]

@@ -264,6 +264,9 @@ async def test_unreachable_store_raises_store_unavailable(backend: str, tmp_path
     if backend != "sqlite":
         # The driver's reason, not only the pool's time-out.
         assert "refused" in str(info.value).lower(), str(info.value)
+    else:
+        # SQLite's own "unable to open database file" does not say which file.
+        assert str(tmp_path / "no-such-dir" / "x.db") in str(info.value), str(info.value)
 
 
 async def test_a_read_timeout_is_checked_and_the_reads_under_it_answer(

@@ -191,6 +191,12 @@ async def test_bad_values_raise_invalid_argument_and_write_nothing(
     await assert_nothing_written(storage, before)
 
 
+async def test_a_value_past_64_bits_is_named_with_the_value(storage: gnl.Storage) -> None:
+    with pytest.raises(gnl.InvalidArgumentError, match=r"delay_ms .*100000000000000000000"):
+        await gnl.enqueue(storage.work, "t", None, delay_ms=10**20)
+    assert await job_count(storage) == 0
+
+
 async def test_empty_type_is_a_bad_value(storage: gnl.Storage) -> None:
     with pytest.raises(gnl.InvalidArgumentError):
         await gnl.enqueue(storage.work, "", None)

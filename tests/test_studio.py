@@ -18,7 +18,16 @@ from pathlib import Path
 import pytest
 
 import gnl
-from _studio import ADMIN, VIEWER, Client, Studio, free_port, job_key, start_studio
+from _studio import (
+    ADMIN,
+    VIEWER,
+    Client,
+    Studio,
+    free_port,
+    job_key,
+    logged_in,
+    start_studio,
+)
 
 pytest.importorskip("starlette")
 
@@ -158,12 +167,13 @@ def test_a_viewer_reads_and_cannot_act_an_admin_acts(studio: Studio) -> None:
 
 
 def test_an_unsafe_request_without_the_csrf_token_is_403(studio: Studio) -> None:
-    admin = Client(studio.port, token=ADMIN)
+    # A browser's session: its token is in the login cookie, which any site's form would send.
+    admin = logged_in(studio.port, ADMIN)
     form = [("action", "retry"), ("job", job_key("bad", "x1"))]
     assert admin.post("/jobs/act", form, csrf=False).status == 403
     assert admin.post("/jobs/act", [("csrf", "0" * 64), *form], csrf=False).status == 403
     # Another session's token is wrong for this one.
-    other = Client(studio.port, token=ADMIN)
+    other = logged_in(studio.port, ADMIN)
     theirs = other.csrf()
     assert admin.post("/jobs/act", [("csrf", theirs), *form], csrf=False).status == 403
     # Every method but GET/HEAD/OPTIONS is checked, not a list of methods.
@@ -173,6 +183,19 @@ def test_an_unsafe_request_without_the_csrf_token_is_403(studio: Studio) -> None
     # The header form of the token works (htmx sends it).
     r = admin.request("POST", "/jobs/act", form=form, headers={"X-CSRF-Token": admin.csrf()})
     assert r.status == 200 and "1 done" in r.text
+
+
+def test_a_script_with_a_bearer_token_needs_no_csrf_token(studio: Studio) -> None:
+    form = [("action", "retry"), ("job", job_key("bad", "x1"))]
+    # A wrong bearer token is no exemption, and a viewer's may still only read.
+    assert Client(studio.port, token="x" * 20).post("/jobs/act", form, csrf=False).status == 403
+    assert Client(studio.port, token=VIEWER).post("/jobs/act", form, csrf=False).status == 403
+    assert "dead" in Client(studio.port, token=ADMIN).get("/job?org=bad&id=x1").text
+    # An admin's token in the Authorization header: no browser sends that header by itself.
+    r = Client(studio.port, token=ADMIN).post("/jobs/act", form, csrf=False)
+    assert r.status == 200 and "1 done" in r.text, (r.status, r.text)
+    assert ">pending<" in Client(studio.port, token=ADMIN).get("/job?org=bad&id=x1").text
+    assert "retry" in studio.audit.read_text()
 
 
 def test_a_foreign_host_or_origin_is_refused(studio: Studio) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import gnl
-from _studio import ADMIN, VIEWER, Client, Studio, start_studio, unescape
+from _studio import ADMIN, VIEWER, Client, Studio, logged_in, start_studio, unescape
 from gnl import _native
 
 pytest.importorskip("starlette")
@@ -285,7 +285,7 @@ def test_a_viewer_reads_the_new_pages_and_cannot_act(studio: Studio) -> None:
         ("/dead-events/preview", [("topic", "t"), ("consumer", "c"), ("event", "e0")]),
         ("/dead-events/retry", [("topic", "t"), ("consumer", "c"), ("event", "e0")]),
     ]
-    admin = Client(studio.port, token=ADMIN)
+    admin = logged_in(studio.port, ADMIN)
     for path, form in posts:
         assert viewer.post(path, form).status == 403, path
         assert admin.post(path, form, csrf=False).status == 403, path

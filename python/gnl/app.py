@@ -500,14 +500,11 @@ class App:
                     await schedule_workflow(storage, decl.workflow, **decl.kwargs)
                     break
                 except TriggerConflictError as e:
-                    log.error(
-                        "gnl run: schedule %r changed: %s (run `gnl triggers unschedule %s`, "
-                        "or give the changed schedule a new id)",
-                        decl.id,
-                        e,
-                        decl.id,
-                    )
-                    raise AppError(f"schedule {decl.id!r} changed: {e}") from e
+                    # Said once, by whoever catches it (`gnl run` prints it as its last line).
+                    raise AppError(
+                        f"schedule {decl.id!r} changed: {e} (run `gnl triggers unschedule "
+                        f"{decl.id}`, or give the changed schedule a new id)"
+                    ) from e
                 except StoreUnavailableError as e:
                     log.warning(
                         "gnl run: store unavailable registering schedule %r, retrying in %d ms: %s",
@@ -773,8 +770,9 @@ async def _shutdown(
         done |= more
     for t in pending:
         log.error(
-            "gnl run: %s did not stop (a handler ignores its aborted signal); its jobs are "
-            "reclaimed once their leases lapse",
+            "gnl run: %s did not stop (a handler ignores its aborted signal): its handlers "
+            "are cancelled and those attempts fail (retried as their jobs allow; a job whose "
+            "outcome cannot be written is reclaimed once its lease lapses)",
             tasks[t],
         )
         t.cancel()

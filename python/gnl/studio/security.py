@@ -145,7 +145,9 @@ class Guard:
     * With tokens configured, a request needs one (``Authorization: Bearer``, or the cookie
       that ``POST /login`` sets); without one it gets the login page (401).
     * Every method but GET, HEAD and OPTIONS needs the session's CSRF token (form field
-      ``csrf`` or header ``X-CSRF-Token``), else 403; and a viewer's unsafe request is 403.
+      ``csrf`` or header ``X-CSRF-Token``), else 403, unless it carries a valid token in its
+      ``Authorization: Bearer`` header (a script: no browser adds that header by itself, so
+      no other site can forge it); and a viewer's unsafe request is 403.
     * Every response carries the CSP and the other hardening headers.
 
     The principal, the session's CSRF token and (for a form POST) the parsed form are put in
@@ -215,24 +217,34 @@ class Guard:
             )
         csrf = self.csrf_for(session)
 
+        token = None
+        auth = _header(scope, b"authorization")
+        by_header = bool(auth and auth.lower().startswith("bearer "))
+        if auth is not None and by_header:
+            token = auth[7:].strip()
+        elif TOKEN_COOKIE in cookies:
+            token = cookies[TOKEN_COOKIE]
+        principal = self.tokens.principal(token)
+
         receive, form = await _read_form(scope, receive, method)
         sent_csrf = _header(scope, CSRF_HEADER.encode())
         if sent_csrf is None and form is not None:
             values = form.get(CSRF_FIELD)
             sent_csrf = values[0] if values else None
-        if method not in SAFE_METHODS and not (
-            sent_csrf is not None and hmac.compare_digest(sent_csrf.encode(), csrf.encode())
+        # A request that carries a valid token in its Authorization header (a script) cannot be
+        # forged by another site: a browser never adds that header on its own. CSRF guards the
+        # cookie: a session (or no-token mode) needs the CSRF token on every unsafe method.
+        bearer = by_header and principal is not None and self.tokens.required
+        if (
+            method not in SAFE_METHODS
+            and not bearer
+            and not (
+                sent_csrf is not None and hmac.compare_digest(sent_csrf.encode(), csrf.encode())
+            )
         ):
             await _plain(send, 403, "forbidden: missing or wrong CSRF token", headers_out)
             return
 
-        token = None
-        auth = _header(scope, b"authorization")
-        if auth and auth.lower().startswith("bearer "):
-            token = auth[7:].strip()
-        elif TOKEN_COOKIE in cookies:
-            token = cookies[TOKEN_COOKIE]
-        principal = self.tokens.principal(token)
         is_public = path.startswith(self.public) or path == self.login_path
         if principal is None and not is_public:
             if method in SAFE_METHODS:

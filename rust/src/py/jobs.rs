@@ -40,8 +40,12 @@ pub fn int_arg(v: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
                 .unwrap_or_default()
         )));
     }
-    v.extract::<i64>()
-        .map_err(|_| InvalidArgumentError::new_err(format!("{name} is out of range")))
+    v.extract::<i64>().map_err(|_| {
+        InvalidArgumentError::new_err(format!(
+            "{name} is out of range: {} does not fit in a signed 64-bit integer",
+            v.str().map(|s| s.to_string()).unwrap_or_default()
+        ))
+    })
 }
 
 /// An instant: int epoch ms, or an aware datetime (a naive one is refused).

@@ -211,7 +211,20 @@ impl SqliteStore {
                 })
             })
             .connect_with(opts)
-            .await?;
+            .await
+            .map_err(|e| match (&target, Error::from(e)) {
+                // Name the file: "unable to open database file" alone does not say which.
+                (SqliteTarget::File(path), Error::StoreUnavailable { reason, code }) => {
+                    Error::StoreUnavailable {
+                        reason: format!(
+                            "cannot open the SQLite file {path:?} (does its directory exist, \
+                             and may this process write there?): {reason}"
+                        ),
+                        code,
+                    }
+                }
+                (_, e) => e,
+            })?;
         let var_limit = {
             let mut conn = pool.acquire().await?;
             let mut handle = conn.lock_handle().await?;
