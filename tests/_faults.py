@@ -94,8 +94,18 @@ async def row_lock(
     ``await proc.wait()`` for its end."""
     if backend == "sqlite":
         return await sqlite_outage(url, seconds)
+    return await held_lock(
+        backend, url, f"SELECT 1 FROM gnl_jobs WHERE id = '{job_id}' FOR UPDATE", seconds
+    )
+
+
+async def held_lock(
+    backend: str, url: str, lock: str, seconds: float
+) -> asyncio.subprocess.Process:
+    """Another session runs ``lock`` (a statement that takes a lock) in a transaction it keeps
+    open for ``seconds`` (Postgres, MySQL). Returns once the lock is held."""
     sleep = f"SELECT pg_sleep({seconds})" if backend == "postgres" else f"DO SLEEP({seconds})"
-    script = f"BEGIN; SELECT 1 FROM gnl_jobs WHERE id = '{job_id}' FOR UPDATE; {sleep}; COMMIT;\n"
+    script = f"BEGIN; {lock}; {sleep}; COMMIT;\n"
     proc = await asyncio.create_subprocess_exec(
         *_sql_args(backend, url),
         stdin=asyncio.subprocess.PIPE,

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 import conftest
 import gnl
 from _faults import (
+    held_lock,
     lease_expiry,
     pg_outage_end,
     pg_outage_start,
@@ -559,6 +560,45 @@ async def _poison_outcome_fails_alone(storage: gnl.Storage) -> None:
     poisoned = jobs[3]
     assert poisoned is not None and poisoned.last_error is not None
     assert "could not be written" in poisoned.last_error
+
+
+async def test_a_claim_slower_than_its_lease_runs_no_job_twice(
+    storage: gnl.Storage, backend: str
+) -> None:
+    # Seen in CI's SIGKILL test on a loaded machine: a claim whose statement took ~2 s came
+    # back with leases that the store dated from the statement's start, so already (nearly)
+    # expired; the worker started the jobs, and its own next claim took them back as expired
+    # and ran them again. Here a claim waits on a table lock for longer than the lease.
+    if backend != "postgres":
+        pytest.skip("the lease records' table lock is a Postgres test (LOCK TABLE)")
+    runs: list[int] = []
+    aborted: list[str] = []
+
+    async def handler(payload: Any, ctx: gnl.JobContext) -> None:
+        runs.append(ctx.attempt)
+        ctx.signal.add_callback(lambda r: aborted.append(r.why if r else "?"))
+        await asyncio.sleep(1.5)
+
+    ttl_ms = 1_000
+    job_id = await gnl.enqueue(storage, "t", None)
+    # The claim's insert of its lease record waits for this lock, its clock read before.
+    holder = await held_lock(backend, storage.url, "LOCK TABLE gnl_leases IN SHARE MODE", 1.6)
+    w = gnl.create_worker(storage, {"t": handler}, ttl_ms=ttl_ms, concurrency=2, poll_ms=20)
+    w.start()
+    try:
+        await holder.wait()
+
+        async def finished() -> bool:
+            return await job_state(storage, job_id) == "done"
+
+        await wait_for(finished, timeout=30, what="the job done")
+        await asyncio.sleep(0.5)
+    finally:
+        await w.stop()
+    job = await gnl.get_job(storage, job_id)
+    assert job is not None and job.state == "done", job
+    assert runs == [1] and job.attempts == 1, (runs, job)
+    assert not aborted, aborted
 
 
 # --------------------------------------------------------------------------------------------

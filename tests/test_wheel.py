@@ -155,6 +155,9 @@ def test_installed_wheel_runs_gnl_demo_on_its_packaged_csv(installed: Installed)
     text = out.stdout + out.stderr
     assert "3,376 rows from " in text and "airports.csv" in text, text[-2000:]
     assert "OK: every row imported exactly once (3,376 rows, 0 written twice)" in text, text[-2000:]
+    # Not a terminal: progress as whole log lines (no live bar cut at the line's width).
+    assert "imported 3,376 of 3,376 rows" in text, text[-2000:]
+    assert "importing rows" not in text, text[-2000:]
     assert db.is_file()
 
 

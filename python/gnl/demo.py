@@ -614,7 +614,10 @@ async def _work(
             TimeElapsedColumn(),
             TextColumn("{task.fields[status]}"),
             console=console,
+            # Not a terminal (a log, a pipe, CI): no bar cut at 80 columns; a line every 5 s.
+            disable=not console.is_terminal,
         )
+        last_line, said_all = time.monotonic(), False
         with progress:
             task = progress.add_task("import", total=n, status="")
             while True:
@@ -642,14 +645,15 @@ async def _work(
                 states = Counter(j.state for j in jobs.values())
                 reclaims = sum(1 for j in jobs.values() if j.attempts > 1)
                 alive = sum(1 for p in procs if p.exitcode is None)
-                progress.update(
-                    task,
-                    completed=min(imported, n),
-                    status=(
-                        f"done {states['done']:,} · reclaims {reclaims} · "
-                        f"workers {alive}/{len(procs)}"
-                    ),
+                status = (
+                    f"done {states['done']:,} · reclaims {reclaims} · workers {alive}/{len(procs)}"
                 )
+                progress.update(task, completed=min(imported, n), status=status)
+                if progress.disable and (
+                    now - last_line >= 5.0 or (imported >= n > 0 and not said_all)
+                ):
+                    last_line, said_all = now, imported >= n
+                    log.info("imported %s of %s rows · %s", f"{imported:,}", f"{n:,}", status)
                 if len(jobs) == len(ours) and states["pending"] + states["running"] == 0:
                     break
                 if alive == 0:

@@ -2,7 +2,9 @@
 //! group-committed outcome writer. The Python half (`gnl.worker`) runs handlers and calls in.
 //!
 //! * `claim(n)` writes every outcome that is waiting and claims up to `n` jobs in one store
-//!   call (one transaction), and adds the new leases to the lease set.
+//!   call (one transaction), and adds the new leases to the lease set. A claim that came back
+//!   after `ttl_ms/3` or more has its leases renewed before its jobs are handed out (the store
+//!   dated them from the claim's start): a job whose lease is gone by then is not started.
 //! * `finish(outcome)` queues the outcome of an attempt. Its lease stays in the set, renewed,
 //!   until the outcome is written (or given up, below). A writer task writes whatever has
 //!   queued in one transaction (group commit): at once when `kick()` asks (the Python side
@@ -102,6 +104,9 @@ struct Shared {
     queued: Notify,
     /// Write now.
     kicked: Notify,
+    /// Leases joined the set: the deadline task looks again (a claim that took long brings
+    /// leases whose deadline comes before the one it sleeps until).
+    added: Notify,
     /// Held (shared) by every write of outcomes in flight; `flush()` takes it exclusively to
     /// wait for them.
     writes: tokio::sync::RwLock<()>,
@@ -143,6 +148,7 @@ impl WorkerCore {
             given_up: Mutex::new((0, None)),
             queued: Notify::new(),
             kicked: Notify::new(),
+            added: Notify::new(),
             writes: tokio::sync::RwLock::new(()),
             closed: AtomicBool::new(false),
             stop: tokio::sync::watch::channel(false).0,
@@ -263,7 +269,58 @@ async fn claim(s: Arc<Shared>, n: usize) -> Result<Vec<ClaimedJob>> {
     req.probe = !s.full.load(Ordering::Relaxed);
     let sent = Instant::now();
     let r = store::claim(s.store.as_ref(), &outcomes, &req).await;
+    let (r, sent) = match r {
+        Ok(jobs) if !jobs.is_empty() && sent.elapsed() >= s.ttl / 3 => {
+            confirm_late(&s, jobs, sent).await
+        }
+        r => (r, sent),
+    };
     claimed(&s, n, outcomes, sent, r)
+}
+
+/// A claim that came back after a third of the lease or more (a store that stalled, a
+/// machine too loaded to answer): the store dated its leases from when the claim began, so
+/// they may end any moment, and a job started now may be taken back as expired while it runs
+/// (by another worker, or by this one's next claim) and run twice. Renew them first: the ones
+/// the store still gives this worker are started with a lease dated from the renewal; the
+/// others are not started (they lapse and are reclaimed, counted as an attempt).
+async fn confirm_late(
+    s: &Shared,
+    jobs: Vec<ClaimedJob>,
+    sent: Instant,
+) -> (Result<Vec<ClaimedJob>>, Instant) {
+    let took = sent.elapsed();
+    let leases: Vec<LeaseRef> = jobs
+        .iter()
+        .map(|j| LeaseRef {
+            seq: j.seq,
+            token: j.token,
+            org: j.org.clone(),
+        })
+        .collect();
+    let again = Instant::now();
+    match store::renew(s.store.as_ref(), &leases, s.req.ttl_ms).await {
+        Ok(status) => {
+            let n = jobs.len();
+            let kept: Vec<ClaimedJob> = jobs
+                .into_iter()
+                .zip(status)
+                .filter(|(_, st)| *st != RenewStatus::Lost)
+                .map(|(j, _)| j)
+                .collect();
+            if kept.len() < n {
+                (s.log)(format!(
+                    "gnl worker: a claim took {} ms (lease {} ms): {} of its {n} job(s) were no longer held and are not started (they are reclaimed)",
+                    took.as_millis(),
+                    s.req.ttl_ms,
+                    n - kept.len()
+                ));
+            }
+            (Ok(kept), again)
+        }
+        // The store is in trouble: the deadline task tells the handlers if their leases end.
+        Err(_) => (Ok(jobs), sent),
+    }
 }
 
 /// `claim` at once on the calling thread when the store can (`QueueStore::claim_now`); `None`:
@@ -318,6 +375,7 @@ fn claimed(
                     );
                 }
                 stale.retain(|a| held.remove(a).is_some_and(|l| !l.finished));
+                s.added.notify_one();
             }
             for (seq, token) in stale {
                 (s.on_revoke)(seq, token, "lease-lost");
@@ -599,7 +657,8 @@ async fn deadline_loop(s: Arc<Shared>) {
     let keep = s.ttl - margin;
     loop {
         let now = Instant::now();
-        // A lease claimed from now on ends after any held now: the earliest held one is next.
+        // A lease claimed from now on ends after any held now, unless its claim was sent
+        // before this look: then `added` wakes this task to look again.
         let mut next = now + keep;
         let lost: Vec<Attempt> = {
             let mut held = s.held.lock().unwrap();
@@ -635,6 +694,7 @@ async fn deadline_loop(s: Arc<Shared>) {
         tokio::select! {
             _ = stopped(&s) => return,
             _ = tokio::time::sleep_until(next) => {}
+            _ = s.added.notified() => {}
         }
     }
 }
