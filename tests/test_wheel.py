@@ -127,6 +127,24 @@ def test_wheel_is_abi3_manylinux_and_carries_the_demo_csv(wheel: Path) -> None:
     assert f"Tag: cp310-abi3-{m.group(2)}" in wheel_info
 
 
+def test_the_manylinux_tag_is_honest(wheel: Path, tmp_path: Path) -> None:
+    # manylinux_2_X promises a glibc of 2.X or later is enough: the native module may need no
+    # symbol version newer than that (the policy pip trusts when it picks this wheel).
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        pytest.skip("objdump (binutils) is not on this machine")
+    m = re.search(r"-manylinux_(\d+)_(\d+)_", wheel.name)
+    assert m, wheel.name
+    tag = (int(m.group(1)), int(m.group(2)))
+    with zipfile.ZipFile(wheel) as z:
+        so = tmp_path / "_native.abi3.so"
+        so.write_bytes(z.read("gnl/_native.abi3.so"))
+    symbols = _run([objdump, "-T", so], timeout=120).stdout
+    needed = {(int(a), int(b)) for a, b in re.findall(r"\bGLIBC_(\d+)\.(\d+)(?:\.\d+)?\b", symbols)}
+    assert needed, "no versioned glibc symbol found: objdump's output changed?"
+    assert max(needed) <= tag, f"{wheel.name} needs GLIBC_{max(needed)} beyond its tag {tag}"
+
+
 def test_installed_wheel_has_no_toolchain_and_is_not_the_source_tree(
     installed: Installed,
 ) -> None:
