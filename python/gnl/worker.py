@@ -7,6 +7,7 @@ native (``gnl._native.NativeWorker``); this module runs handlers and keeps the p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -524,11 +525,17 @@ class Worker:
                         "gnl worker %s: claim failed, retrying in %d ms: %s", self.name, backoff, e
                     )
                 # Back in a second or two when the store returns (docs/DECISIONS.md "Queue"):
-                # the cap is short, and a wake-up ends the sleep (the Postgres listener wakes
-                # every topic when it reconnects).
-                if not self._stopping:
-                    self._wake.clear()
+                # the cap is short, and while the store is away a wake-up ends the sleep (the
+                # Postgres listener wakes every topic when it reconnects). Another error waits
+                # its backoff out: wake-ups from a busy store would make it a retry storm.
+                self._wake.clear()
+                if self._stopping:
+                    pass
+                elif isinstance(e, StoreUnavailableError):
                     await _wake.sleep(self._storage._native, "jobs", seen, backoff, self._wake)
+                else:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), backoff / 1000)
                 backoff = min(backoff * 2, max(self.max_poll_ms, _STORE_AWAY_MAX_MS))
                 continue
             finally:
