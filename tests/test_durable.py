@@ -706,3 +706,92 @@ async def test_an_aborted_signal_stops_a_replay_at_the_next_recorded_step(
     with pytest.raises(gnl.ExecutionRevokedError):
         await g.run_workflow("wf", run_id="r", signal=gnl.RevocationSignal())
     assert calls == {"a": 1, "b": 1}
+
+
+async def test_a_replay_of_interleaved_names_and_a_sleep_counts_each_name(
+    storage: gnl.Storage,
+) -> None:
+    # Recorded a, b, a, (sleep), b, a: the replay serves them in position order (not the
+    # journal's key order), passes the sleep, and the new steps after it are the next calls of
+    # each name; a run whose code now calls them in another order fails at the first that
+    # differs.
+    calls, effect = tally()
+    crash = [True]
+    order = ["a", "b", "a", "sleep", "b", "a"]
+
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        got = []
+        for i, name in enumerate(order):
+            if name == "sleep":
+                await ctx.sleep(0)
+            else:
+                got.append(await ctx.step(name, effect, f"{name}{i}"))
+        if crash[0]:
+            crash[0] = False
+            raise RuntimeError("dies after the recorded steps")
+        return [*got, await ctx.step("b", effect, "b-new"), await ctx.step("a", effect, "a-new")]
+
+    g = gnl.create_gnl(storage, {"wf": wf})
+    with pytest.raises(RuntimeError):
+        await g.run_workflow("wf", run_id="r")
+    assert await g.run_workflow("wf", run_id="r") == [
+        "a0",
+        "b1",
+        "a2",
+        "b4",
+        "a5",
+        "b-new",
+        "a-new",
+    ]
+    assert calls == {"a0": 1, "b1": 1, "a2": 1, "b4": 1, "a5": 1, "b-new": 1, "a-new": 1}
+    run = await gnl.get_run(storage, "r")
+    assert run is not None
+    assert [(s.name, s.n, s.position) for s in run.steps] == [
+        ("a", 0, 0),
+        ("b", 0, 1),
+        ("a", 1, 2),
+        ("gnl.sleep", 0, 3),
+        ("b", 1, 4),
+        ("a", 2, 5),
+        ("b", 2, 6),
+        ("a", 3, 7),
+    ]
+    # Same journal, code that swaps the 5th and 6th calls: b4 is served, then the run fails.
+    crash[0] = True
+    with pytest.raises(RuntimeError):
+        await g.run_workflow("wf", run_id="r2")
+    order[4], order[5] = "a", "b"
+    with pytest.raises(gnl.GnlError, match=r"step 4 is recorded as 'b' \(call 1\).*'a' \(call 2\)"):
+        await g.run_workflow("wf", run_id="r2")
+    assert calls["a2"] == 2 and "a4" not in calls and "b5" not in calls
+
+
+async def test_ctx_run_replays_after_the_jobs_own_steps_of_the_same_name(
+    storage: gnl.Storage,
+) -> None:
+    # A job's ctx.step("x") before ctx.run, whose workflow calls "x" twice: the run's steps are
+    # calls 1 and 2 of "x"; a retry replays all three and records call 3 after them.
+    calls, effect = tally()
+    run_ids: list[str] = []
+
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        got = [await ctx.step("x", effect, f"x{i}") for i in (1, 2)]
+        if calls.get("died") is None:
+            calls["died"] = 1
+            raise RuntimeError("first attempt dies after x1, x2")
+        return [*got, await ctx.step("x", effect, "x3")]
+
+    async def handler(payload: Any, ctx: gnl.JobContext) -> Any:
+        run_ids.append(ctx.run_id)
+        return [await ctx.step("x", effect, "x0"), await ctx.run(wf)]
+
+    await gnl.enqueue(storage, "t", None, id="j")
+    worker = gnl.create_worker(storage, {"t": handler}, retry_delay_ms=0)
+    await worker.drain()
+    job = await gnl.get_job(storage, "j")
+    assert job is not None and job.state == "done", job
+    assert job.result == ["x0", ["x1", "x2", "x3"]]
+    assert calls == {"x0": 1, "x1": 1, "x2": 1, "died": 1, "x3": 1}
+    run = await gnl.get_run(storage, run_ids[0])
+    assert run is not None
+    assert [(s.name, s.n, s.position) for s in run.steps] == [("x", i, i) for i in range(4)]

@@ -3,6 +3,7 @@
 //! run lock off the Python thread. Arguments are checked here (keys, JSON) before anything is
 //! written.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,7 +13,7 @@ use pyo3::types::{PyList, PyString};
 use super::errors::{to_py, InvalidArgumentError};
 use super::{json, ready, spawn, with_python, NativeStore};
 use crate::store::journal::{
-    check_key, RunQuery, RunRow, RunStart, RunStarted, StepRow, RUN_STATES,
+    check_key, Recorded, RunQuery, RunRow, RunStart, RunStarted, StepRow, RUN_STATES,
 };
 use crate::store::Store;
 
@@ -23,39 +24,100 @@ fn py_step(s: StepRow) -> PyStep {
     (s.name, s.n, s.position, s.state, s.result, s.started_at)
 }
 
-/// A run's steps as Python sees them: a list of `PyStep` tuples, where a name or a state equal
-/// to the previous step's is the same Python string (a resume of 1,000 `"noop"` steps makes
-/// two strings, not 2,000).
-struct PySteps(Vec<StepRow>);
+/// A run's recorded steps as `run_start` hands them to Python (`gnl.durable`'s replay), in
+/// position order: their results as one JSON array (`results`: one decode for all, no string
+/// a step), the names of the steps the replay may serve without a check of its own (`lean`),
+/// and any one step's record on demand (`get`). A resume of 1,000 steps makes a handful of
+/// Python objects here, not 1,000 tuples.
+#[pyclass(frozen, name = "Recorded", module = "gnl._native")]
+pub struct PyRecorded(Recorded);
 
-impl<'py> IntoPyObject<'py> for PySteps {
-    type Target = PyList;
-    type Output = Bound<'py, PyList>;
-    type Error = PyErr;
+#[pymethods]
+impl PyRecorded {
+    fn __len__(&self) -> usize {
+        self.0.len()
+    }
 
-    fn into_pyobject(self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        fn same<'py>(
-            py: Python<'py>,
-            last: &mut Option<(String, Bound<'py, PyString>)>,
-            text: String,
-        ) -> Bound<'py, PyString> {
-            match last {
-                Some((t, o)) if *t == text => o.clone(),
-                _ => {
-                    let o = PyString::new(py, &text);
-                    *last = Some((text, o.clone()));
-                    o
+    /// The steps' results in row order, as one JSON array's text (a missing one: null).
+    #[getter]
+    fn results(&self) -> &str {
+        &self.0.results
+    }
+
+    /// The record at `position` as `(name, n, position, state, row, started_at)` (`row`: its
+    /// index in `results`), or None; of two rows at one position (two executors of different
+    /// code), the last in `(name, n)` order.
+    fn get(&self, position: i64) -> Option<(&str, i64, i64, &str, usize, i64)> {
+        let rec = &self.0;
+        let i = rec
+            .rows
+            .partition_point(|r| r.position <= position)
+            .checked_sub(1)?;
+        let r = &rec.rows[i];
+        (r.position == position).then(|| {
+            let (name, state) = (&rec.names[r.name as usize], &rec.states[r.state as usize]);
+            (
+                name.as_str(),
+                r.n,
+                r.position,
+                state.as_str(),
+                i,
+                r.started_at,
+            )
+        })
+    }
+
+    /// What a replay that starts at position `start` with `counts` (the calls of each name
+    /// before it) may serve without a check of its own: a list whose item `p` is the name of
+    /// the done step recorded at position `p` when, every call before it being the recorded
+    /// one, its call is the recorded call `n` of that name (else None: the full path checks
+    /// it). It covers the journal's first rows while row `p` is position `p` (one row a
+    /// position, none missing: item `p` is also row `p` of `results`) and, from `start` on,
+    /// each row's `n` counts the earlier calls of its name; it ends at the first row that is
+    /// not so. Names starting `gnl.` (gnl's own steps) are None; each name is one interned
+    /// Python string.
+    fn lean<'py>(
+        &self,
+        py: Python<'py>,
+        start: i64,
+        counts: HashMap<String, i64>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let rec = &self.0;
+        let mut seen: Vec<i64> = rec
+            .names
+            .iter()
+            .map(|n| counts.get(n).copied().unwrap_or(0))
+            .collect();
+        let mut names: Vec<Option<Option<Bound<'py, PyString>>>> = vec![None; rec.names.len()];
+        let done = rec.states.iter().position(|s| s == "done");
+        let mut out: Vec<Option<Bound<'py, PyString>>> = Vec::with_capacity(rec.rows.len());
+        for (i, r) in rec.rows.iter().enumerate() {
+            if r.position != i as i64 {
+                if r.position == i as i64 - 1 {
+                    out.pop(); // two rows at the last position: the full path picks one
                 }
+                break;
             }
+            if r.position < start {
+                out.push(None);
+                continue;
+            }
+            let k = r.name as usize;
+            if r.n != seen[k] {
+                break;
+            }
+            seen[k] += 1;
+            let name = names[k].get_or_insert_with(|| {
+                let name = &rec.names[k];
+                (!name.starts_with("gnl.")).then(|| PyString::intern(py, name))
+            });
+            out.push(name.clone().filter(|_| Some(r.state as usize) == done));
         }
-        let (mut name, mut state) = (None, None);
-        let mut items = Vec::with_capacity(self.0.len());
-        for s in self.0 {
-            let n = same(py, &mut name, s.name);
-            let st = same(py, &mut state, s.state);
-            items.push((n, s.n, s.position, st, s.result, s.started_at).into_pyobject(py)?);
-        }
-        PyList::new(py, items)
+        PyList::new(py, out)
+    }
+
+    fn __repr__(&self) -> String {
+        format!("<gnl._native.Recorded steps={}>", self.0.len())
     }
 }
 
@@ -237,7 +299,7 @@ fn step_resolve<'py>(
 }
 
 /// `run_start`'s answer as Python sees it: `(state, result, input, scheduled_for, created,
-/// now_ms, steps)`.
+/// now_ms, recorded)`.
 type PyStarted = (
     String,
     Option<String>,
@@ -245,7 +307,7 @@ type PyStarted = (
     Option<i64>,
     bool,
     i64,
-    PySteps,
+    PyRecorded,
 );
 
 fn py_started(st: RunStarted) -> PyStarted {
@@ -256,12 +318,12 @@ fn py_started(st: RunStarted) -> PyStarted {
         st.run.scheduled_for,
         st.created,
         st.now_ms,
-        PySteps(st.steps),
+        PyRecorded(st.steps),
     )
 }
 
-/// Start an execution: `(state, result, input, scheduled_for, created, now_ms, steps)` (steps in position
-/// order; see `JournalStore::run_start`). With `now`, done at once on the calling thread when
+/// Start an execution: `(state, result, input, scheduled_for, created, now_ms, recorded)`
+/// (`recorded`: a `Recorded` of the steps in position order; see `JournalStore::run_start`). With `now`, done at once on the calling thread when
 /// the store can (`JournalStore::run_start_now`): the future comes back resolved, and
 /// awaiting it does not yield to the loop.
 #[pyfunction]
@@ -737,6 +799,7 @@ impl RunKeeper {
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RawRun>()?;
     m.add_class::<RunKeeper>()?;
+    m.add_class::<PyRecorded>()?;
     m.add_function(wrap_pyfunction!(step_get, m)?)?;
     m.add_function(wrap_pyfunction!(step_put, m)?)?;
     m.add_function(wrap_pyfunction!(step_put_now, m)?)?;

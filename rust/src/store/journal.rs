@@ -51,6 +51,232 @@ pub struct StepRow {
     pub finished_at: Option<i64>,
 }
 
+/// A run's recorded steps in position order as `run_start` reads them back, packed for a
+/// replay: the results as one JSON array (one decode on the Python side, no string a step),
+/// each distinct name and state once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recorded {
+    /// The distinct names (`StepMeta::name` indexes them).
+    pub names: Vec<String>,
+    /// The distinct states (`StepMeta::state` indexes them).
+    pub states: Vec<String>,
+    /// The steps, in the order `(position, name, n)` (names compared as bytes).
+    pub rows: Vec<StepMeta>,
+    /// `[result,...]` in row order (a missing result: `null`).
+    pub results: String,
+}
+
+/// A step of a `Recorded`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepMeta {
+    pub name: u32,
+    pub n: i64,
+    pub position: i64,
+    pub state: u32,
+    /// Where its result is in `Recorded::results` (byte range), None when missing.
+    pub result: Option<(usize, usize)>,
+    pub started_at: i64,
+    pub finished_at: Option<i64>,
+}
+
+impl Default for Recorded {
+    /// No steps (`results` is `[]`).
+    fn default() -> Recorded {
+        RecordedBuilder::default().finish()
+    }
+}
+
+impl Recorded {
+    /// Pack `rows` (in any order).
+    pub fn from_rows(rows: &[StepRow]) -> Recorded {
+        let mut b = RecordedBuilder::default();
+        for r in rows {
+            b.push(
+                r.name.as_bytes(),
+                r.n,
+                r.position,
+                r.state.as_bytes(),
+                r.result.as_deref().map(str::as_bytes),
+                r.started_at,
+                r.finished_at,
+            );
+        }
+        b.finish()
+    }
+
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Row `i`'s result (JSON text), None when missing.
+    pub fn result(&self, i: usize) -> Option<&str> {
+        self.rows[i].result.map(|(a, b)| &self.results[a..b])
+    }
+
+    /// The steps unpacked, in order.
+    pub fn to_rows(&self) -> Vec<StepRow> {
+        (0..self.rows.len())
+            .map(|i| {
+                let r = &self.rows[i];
+                StepRow {
+                    name: self.names[r.name as usize].clone(),
+                    n: r.n,
+                    position: r.position,
+                    state: self.states[r.state as usize].clone(),
+                    result: self.result(i).map(str::to_owned),
+                    started_at: r.started_at,
+                    finished_at: r.finished_at,
+                }
+            })
+            .collect()
+    }
+}
+
+/// Packs steps read one by one (as bytes straight from a driver's row) into a `Recorded`.
+#[derive(Default)]
+pub struct RecordedBuilder {
+    names: Vec<Vec<u8>>,
+    /// `names`' indexes, for a run of many names.
+    name_ix: std::collections::HashMap<Vec<u8>, u32>,
+    states: Vec<Vec<u8>>,
+    rows: Vec<StepMeta>,
+    results: Vec<u8>,
+    sorted: bool,
+}
+
+impl RecordedBuilder {
+    /// The index of `name` in `names`, added when missing (the previous row's is tried first:
+    /// the rows of a run mostly repeat one name).
+    fn name(&mut self, name: &[u8]) -> u32 {
+        if let Some(r) = self.rows.last() {
+            if self.names[r.name as usize] == name {
+                return r.name;
+            }
+        }
+        if let Some(&i) = self.name_ix.get(name) {
+            return i;
+        }
+        let i = self.names.len() as u32;
+        self.names.push(name.to_vec());
+        self.name_ix.insert(name.to_vec(), i);
+        i
+    }
+
+    /// The index of `state` in `states` (a handful), added when missing.
+    fn state(&mut self, state: &[u8]) -> u32 {
+        match self.states.iter().position(|x| x.as_slice() == state) {
+            Some(i) => i as u32,
+            None => {
+                self.states.push(state.to_vec());
+                (self.states.len() - 1) as u32
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn push(
+        &mut self,
+        name: &[u8],
+        n: i64,
+        position: i64,
+        state: &[u8],
+        result: Option<&[u8]>,
+        started_at: i64,
+        finished_at: Option<i64>,
+    ) {
+        let name = self.name(name);
+        let state = self.state(state);
+        if self.rows.is_empty() {
+            self.sorted = true;
+            self.results.push(b'[');
+        } else {
+            self.results.push(b',');
+        }
+        let result = result.map(|r| {
+            let a = self.results.len();
+            self.results.extend_from_slice(r);
+            (a, self.results.len())
+        });
+        if result.is_none() {
+            self.results.extend_from_slice(b"null");
+        }
+        let row = StepMeta {
+            name,
+            n,
+            position,
+            state,
+            result,
+            started_at,
+            finished_at,
+        };
+        if let Some(last) = self.rows.last() {
+            if self.key(last) > self.key(&row) {
+                self.sorted = false;
+            }
+        }
+        self.rows.push(row);
+    }
+
+    fn key<'a>(&'a self, r: &StepMeta) -> (i64, &'a [u8], i64) {
+        (r.position, &self.names[r.name as usize], r.n)
+    }
+
+    /// The `Recorded`, its rows sorted by `(position, name, n)`; text that is not UTF-8 (never
+    /// written by gnl) is read lossily, as the other reads do.
+    pub fn finish(mut self) -> Recorded {
+        if self.rows.is_empty() {
+            self.results.push(b'[');
+        }
+        self.results.push(b']');
+        let text = |v: Vec<u8>| {
+            String::from_utf8(v).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into())
+        };
+        let mut rows = std::mem::take(&mut self.rows);
+        let results = if self.sorted {
+            match String::from_utf8(std::mem::take(&mut self.results)) {
+                Ok(text) => Some(text),
+                Err(e) => {
+                    self.results = e.into_bytes();
+                    None
+                }
+            }
+        } else {
+            rows.sort_by(|a, b| self.key(a).cmp(&self.key(b)));
+            None
+        };
+        let results = results.unwrap_or_else(|| {
+            // Rebuilt in row order, each result read on its own.
+            let mut out = String::with_capacity(self.results.len());
+            out.push('[');
+            for (i, r) in rows.iter_mut().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                r.result = r.result.map(|(a, b)| {
+                    let start = out.len();
+                    out.push_str(&String::from_utf8_lossy(&self.results[a..b]));
+                    (start, out.len())
+                });
+                if r.result.is_none() {
+                    out.push_str("null");
+                }
+            }
+            out.push(']');
+            out
+        });
+        Recorded {
+            names: self.names.into_iter().map(text).collect(),
+            states: self.states.into_iter().map(text).collect(),
+            rows,
+            results,
+        }
+    }
+}
+
 /// A run's record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RunRow {
@@ -92,7 +318,7 @@ pub struct RunStart {
 pub struct RunStarted {
     pub run: RunRow,
     /// Its recorded steps in position order (empty for a done run).
-    pub steps: Vec<StepRow>,
+    pub steps: Recorded,
     /// True when this call created the run.
     pub created: bool,
     /// The store's clock when it started.
@@ -371,11 +597,79 @@ where
     Fut: std::future::Future<Output = Result<Vec<StepRow>>>,
 {
     let (run, created, read) = started_run(run, start)?;
-    let steps = if read { steps().await? } else { vec![] };
+    let steps = if read {
+        Recorded::from_rows(&steps().await?)
+    } else {
+        Recorded::default()
+    };
     Ok(RunStarted {
         run,
         steps,
         created,
         now_ms,
     })
+}
+
+#[cfg(test)]
+mod recorded_tests {
+    use super::*;
+
+    fn row(name: &str, n: i64, position: i64, state: &str, result: Option<&str>) -> StepRow {
+        StepRow {
+            name: name.into(),
+            n,
+            position,
+            state: state.into(),
+            result: result.map(str::to_owned),
+            started_at: 10 + position,
+            finished_at: result.map(|_| 20 + position),
+        }
+    }
+
+    #[test]
+    fn packs_rows_in_position_order_with_their_results_as_one_array() {
+        // Key order (name, n), as SQLite reads them: a0 at 1, b0 at 0, b1 at 3, c0 at 2.
+        let rows = [
+            row("a", 0, 1, "done", Some("{\"x\":[1,2]}")),
+            row("b", 0, 0, "done", Some("\"\u{1F600}\"")),
+            row("b", 1, 3, "intent", None),
+            row("c", 0, 2, "done", Some("null")),
+        ];
+        let rec = Recorded::from_rows(&rows);
+        assert_eq!(rec.results, "[\"\u{1F600}\",{\"x\":[1,2]},null,null]");
+        let mut sorted = rows.to_vec();
+        sorted.sort_by_key(|r| r.position);
+        assert_eq!(rec.to_rows(), sorted);
+        assert_eq!(rec.names.len(), 3);
+        assert_eq!(rec.states, vec!["done".to_string(), "intent".to_string()]);
+        assert_eq!(rec.result(3), None);
+        assert_eq!(rec.result(2), Some("null"));
+    }
+
+    #[test]
+    fn rows_in_order_and_many_names_pack_as_they_come() {
+        let rows: Vec<StepRow> = (0..300)
+            .map(|i| {
+                let name = format!("s{}", i % 150);
+                row(&name, i / 150, i, "done", Some(&i.to_string()))
+            })
+            .collect();
+        let rec = Recorded::from_rows(&rows);
+        assert_eq!(rec.names.len(), 150);
+        assert_eq!(rec.to_rows(), rows);
+        let want: Vec<String> = (0..300).map(|i| i.to_string()).collect();
+        assert_eq!(rec.results, format!("[{}]", want.join(",")));
+    }
+
+    #[test]
+    fn no_rows_is_an_empty_array_and_bad_utf8_is_read_lossily() {
+        assert_eq!(Recorded::default().results, "[]");
+        assert!(Recorded::from_rows(&[]).is_empty());
+        let mut b = RecordedBuilder::default();
+        b.push(b"n", 0, 0, b"done", Some(b"\"a\xffb\""), 1, Some(1));
+        b.push(b"n", 1, 1, b"done", Some(b"2"), 1, Some(1));
+        let rec = b.finish();
+        assert_eq!(rec.results, "[\"a\u{FFFD}b\",2]");
+        assert_eq!(rec.result(1), Some("2"));
+    }
 }

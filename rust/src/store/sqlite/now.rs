@@ -22,7 +22,9 @@ use super::journal::{LOCK_ACQUIRE, LOCK_RELEASE, RUN_FINISH, RUN_READ, RUN_UPSER
 use super::raw::{Db, Val};
 use super::SqliteStore;
 use crate::error::Error;
-use crate::store::journal::{started_run, RunRow, RunStart, RunStarted, StepRow};
+use crate::store::journal::{
+    started_run, Recorded, RecordedBuilder, RunRow, RunStart, RunStarted, StepRow,
+};
 
 const INSERT_STEP: &str = "INSERT INTO gnl_run_steps (run_id, name, n, position, state, result, \
      started_at, finished_at) VALUES (?1, ?2, ?3, ?4, 'done', ?5, ?6, ?6) ON CONFLICT DO NOTHING";
@@ -132,20 +134,6 @@ impl Raw {
     }
 }
 
-/// Column `i` of the current row as text (NULL: None).
-///
-/// # Safety
-/// `st` must be a statement positioned on a row (`sqlite3_step` returned `SQLITE_ROW`).
-unsafe fn col_text(st: *mut ffi::sqlite3_stmt, i: c_int) -> Option<String> {
-    let p = ffi::sqlite3_column_text(st, i);
-    if p.is_null() {
-        return None;
-    }
-    let n = ffi::sqlite3_column_bytes(st, i) as usize;
-    let b = std::slice::from_raw_parts(p, n);
-    Some(String::from_utf8_lossy(b).into_owned())
-}
-
 /// The steps of `run_id` through `st` (`READ_STEPS`) in the order of the async path's
 /// `ORDER BY position, name, n` (names compared as bytes, as SQLite's BINARY collation);
 /// `None` when they cannot be read at once.
@@ -153,7 +141,30 @@ unsafe fn col_text(st: *mut ffi::sqlite3_stmt, i: c_int) -> Option<String> {
 /// # Safety
 /// `st` must be a prepared `READ_STEPS` of a connection used by this thread alone.
 unsafe fn read_steps(st: *mut ffi::sqlite3_stmt, run_id: &str) -> Option<Vec<StepRow>> {
-    let mut out = Vec::new();
+    read_recorded(st, run_id).map(|r| r.to_rows())
+}
+
+/// Column `i` of the current row as bytes (NULL: None), borrowed until the next step.
+///
+/// # Safety
+/// `st` must be a statement positioned on a row; the slice must not outlive that row.
+unsafe fn col_bytes<'a>(st: *mut ffi::sqlite3_stmt, i: c_int) -> Option<&'a [u8]> {
+    let p = ffi::sqlite3_column_text(st, i);
+    if p.is_null() {
+        return None;
+    }
+    let n = ffi::sqlite3_column_bytes(st, i) as usize;
+    Some(std::slice::from_raw_parts(p, n))
+}
+
+/// `read_steps` packed for a replay (`Recorded`): each row's text goes from SQLite's buffer
+/// into the packed form without a string of its own (key order is position order for a run
+/// of one step name: already sorted, nothing to sort).
+///
+/// # Safety
+/// As `read_steps`.
+unsafe fn read_recorded(st: *mut ffi::sqlite3_stmt, run_id: &str) -> Option<Recorded> {
+    let mut out = RecordedBuilder::default();
     let bound = ffi::sqlite3_bind_text(
         st,
         1,
@@ -164,25 +175,23 @@ unsafe fn read_steps(st: *mut ffi::sqlite3_stmt, run_id: &str) -> Option<Vec<Ste
     let mut ok = bound == ffi::SQLITE_OK;
     while ok {
         match ffi::sqlite3_step(st) {
-            ffi::SQLITE_ROW => out.push(StepRow {
-                name: col_text(st, 0).unwrap_or_default(),
-                n: ffi::sqlite3_column_int64(st, 1),
-                position: ffi::sqlite3_column_int64(st, 2),
-                state: col_text(st, 3).unwrap_or_default(),
-                result: col_text(st, 4),
-                started_at: ffi::sqlite3_column_int64(st, 5),
-                finished_at: (ffi::sqlite3_column_type(st, 6) != ffi::SQLITE_NULL)
+            ffi::SQLITE_ROW => out.push(
+                col_bytes(st, 0).unwrap_or_default(),
+                ffi::sqlite3_column_int64(st, 1),
+                ffi::sqlite3_column_int64(st, 2),
+                col_bytes(st, 3).unwrap_or_default(),
+                col_bytes(st, 4),
+                ffi::sqlite3_column_int64(st, 5),
+                (ffi::sqlite3_column_type(st, 6) != ffi::SQLITE_NULL)
                     .then(|| ffi::sqlite3_column_int64(st, 6)),
-            }),
+            ),
             ffi::SQLITE_DONE => break,
             _ => ok = false,
         }
     }
     ffi::sqlite3_reset(st);
     ffi::sqlite3_clear_bindings(st);
-    // Key order is position order for a run of one step name: already sorted, one pass.
-    out.sort_by(|a, b| (a.position, &a.name, a.n).cmp(&(b.position, &b.name, b.n)));
-    ok.then_some(out)
+    ok.then(|| out.finish())
 }
 
 /// A `RunRow` from a row of `RUN_COLS` read through `Db`.
@@ -271,7 +280,7 @@ impl SqliteStore {
                 let (run, created, _) = started_run(Some(run), s).ok()?;
                 return Some(RunStarted {
                     run,
-                    steps: vec![],
+                    steps: Recorded::default(),
                     created,
                     now_ms: now,
                 });
@@ -297,10 +306,10 @@ impl SqliteStore {
                 let steps = if resumed {
                     self.counted(1);
                     // SAFETY: the connection's own `READ_STEPS`, under its Mutex.
-                    unsafe { read_steps(read, &s.run_id) }
+                    unsafe { read_recorded(read, &s.run_id) }
                         .ok_or_else(|| Error::invalid("the steps could not be read at once"))?
                 } else {
-                    vec![]
+                    Recorded::default()
                 };
                 Ok(RunStarted {
                     run,

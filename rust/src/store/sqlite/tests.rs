@@ -252,7 +252,12 @@ async fn the_fast_path_records_new_steps_and_leaves_the_rest_to_the_pool() {
     };
     s.run_start(&run).await.unwrap();
     let st = s.run_start(&run).await.unwrap();
-    let got: Vec<_> = st.steps.iter().map(|x| (x.n, x.result.clone())).collect();
+    let got: Vec<_> = st
+        .steps
+        .to_rows()
+        .into_iter()
+        .map(|x| (x.n, x.result))
+        .collect();
     assert_eq!(
         got,
         vec![(0, Some("1".into())), (1, Some("\"\u{1F600}\"".into()))]
@@ -352,10 +357,11 @@ async fn the_fast_path_starts_and_finishes_runs_and_waits_for_nobody() {
     assert_eq!((st.created, st.run.token), (false, 2));
     let got: Vec<_> = st
         .steps
-        .iter()
-        .map(|x| (x.name.as_str(), x.position))
+        .to_rows()
+        .into_iter()
+        .map(|x| (x.name, x.position))
         .collect();
-    assert_eq!(got, vec![("a", 0), ("b", 1)]);
+    assert_eq!(got, vec![("a".to_string(), 0), ("b".to_string(), 1)]);
     assert!(
         s.run_start_now(&run("r", "other")).is_none(),
         "the pool's refusal"

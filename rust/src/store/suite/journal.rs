@@ -195,8 +195,9 @@ async fn runs_lifecycle(c: Calls) {
     );
     let keys: Vec<(String, i64, i64)> = st
         .steps
-        .iter()
-        .map(|x| (x.name.clone(), x.n, x.position))
+        .to_rows()
+        .into_iter()
+        .map(|x| (x.name, x.n, x.position))
         .collect();
     assert_eq!(
         keys,
