@@ -745,7 +745,9 @@ class Worker:
         self._slot.set()
 
     def _outcome_queued(self) -> None:
-        if not self._kick_due:
+        # A claim loop that waits for a slot (its wake-up comes after the kick) takes the
+        # outcomes along: the kick would do nothing (see `_kick`), so none is scheduled.
+        if not self._kick_due and (self._claiming or self._stopping or not self._waiting_slot):
             self._kick_due = True
             assert self._loop is not None
             self._loop.call_soon(self._kick)
