@@ -197,6 +197,41 @@ async def test_failing_handler_is_retried_then_dead(storage: gnl.Storage) -> Non
     ).processed == 0
 
 
+@pytest.mark.parametrize("concurrency", [1, 4])
+async def test_a_handler_whose_task_is_cancelled_fails_its_attempt(
+    storage: gnl.Storage, concurrency: int
+) -> None:
+    # A run that does not return or raise an Exception (its task cancelled, here by the
+    # handler itself) still ends: its attempt fails, is retried at once, and the jobs after
+    # it run.
+    async def handler(payload: Any, ctx: gnl.JobContext) -> str:
+        if payload == "cancel" and ctx.attempt == 1:
+            task = asyncio.current_task()
+            assert task is not None
+            task.cancel()
+            await asyncio.sleep(0)
+        if payload == "raise" and ctx.attempt == 1:
+            raise asyncio.CancelledError  # raised by the handler, its task not cancelled
+        return f"{payload} {ctx.attempt}"
+
+    ids = await gnl.enqueue_many(
+        storage, [{"type": "t", "payload": p} for p in ("cancel", "raise", "plain")]
+    )
+    worker = gnl.create_worker(
+        storage, {"t": handler}, max_attempts=2, retry_delay_ms=0, concurrency=concurrency
+    )
+    assert await worker.drain() == gnl.DrainResult(5, 3, 2)
+    jobs = [await gnl.get_job(storage, i) for i in ids]
+    assert [(j.state, j.attempts, j.result) for j in jobs if j is not None] == [
+        ("done", 2, "cancel 2"),
+        ("done", 2, "raise 2"),
+        ("done", 1, "plain 1"),
+    ]
+    errors = [j.last_error or "" for j in jobs if j is not None]
+    assert "the handler's task was cancelled" in errors[0]
+    assert "the handler raised CancelledError" in errors[1]
+
+
 async def test_failed_attempt_goes_back_to_pending_with_its_error(storage: gnl.Storage) -> None:
     async def handler(payload: Any, ctx: gnl.JobContext) -> None:
         raise Boom("first failure")

@@ -254,7 +254,7 @@ class Worker:
         self._native: _native.NativeWorker | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_task: asyncio.Task[None] | None = None
-        self._tasks: dict[Attempt, asyncio.Task[tuple[bool, Any]]] = {}
+        self._tasks: dict[Attempt, asyncio.Task[None]] = {}
         self._active: dict[Attempt, JobContext] = {}
         # The seqs of the running attempts: a job claimed again while an earlier attempt of it
         # still runs here (its lease was lost, its handler ignores the signal) waits for it.
@@ -633,45 +633,76 @@ class Worker:
                 self.max_hold_ms / 1000, self._revoke, ctx, "timeout"
             )
         self._active[key] = ctx
-        task = self._loop.create_task(self._run(job, ctx))
+        t0 = self._loop.time()
+        task = self._loop.create_task(self._run(job, ctx, native, t0))
         self._tasks[key] = task
         self._running.add(seq)
         self._counts[0] += 1
-        # The one cleanup path, however the task ends: returned, raised, cancelled (by the
-        # handler itself, a timed-out stop(), the loop torn down), even before its first step.
-        task.add_done_callback(functools.partial(self._ended, job, ctx, native, self._loop.time()))
+        # A run that returns or fails ends inside its task (`_run`), in the loop turn in which
+        # its handler returned: the next job starts and the claim loop wakes in that turn,
+        # not in the next one, where a done callback would run. This callback ends the others,
+        # however the task ends: cancelled (by the handler itself, a timed-out stop(), the loop
+        # torn down), even before its first step, or a BaseException that is no Exception.
+        task.add_done_callback(functools.partial(self._reap, job, ctx, native, t0))
 
-    async def _run(self, job: ClaimedJob, ctx: JobContext) -> tuple[bool, Any]:
-        """Run the handler: ``(True, result)`` when it returned, ``(False, error)`` when the
-        attempt failed. A cancellation of the task itself propagates (see ``_ended``)."""
-        typ, payload_json = job[4], job[5]
+    async def _run(
+        self, job: ClaimedJob, ctx: JobContext, native: _native.NativeWorker, t0: float
+    ) -> None:
+        """Run the handler and end the run (``_ended``): ``ok`` when it returned, else the
+        attempt failed. A cancellation of the task itself propagates (see ``_reap``)."""
+        typ = job[4]
         handler = self._handlers.get(typ)
+        ok = False
         if handler is None:
-            return False, f"no handler for job type {typ!r} on worker {self.name!r}"
-        try:
-            result = await handler(_decode(payload_json), ctx)
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            cancelling = getattr(task, "cancelling", None)
-            if cancelling is None or cancelling():
-                raise  # the task is being cancelled (Python 3.10 cannot tell: treated so)
-            return False, "CancelledError: the handler raised CancelledError"
-        except Exception as e:  # noqa: BLE001 - a handler's failure is data, not a crash
-            reason = ctx.signal.reason
-            if (
-                isinstance(e, ExecutionRevokedError)
-                and reason is not None
-                and reason.why == "timeout"
-            ):
-                return False, self._timed_out()
-            return False, f"{type(e).__name__}: {e}"
-        reason = ctx.signal.reason
-        if reason is not None and reason.why == "timeout":
-            return False, self._timed_out()
-        return True, result
+            value: Any = f"no handler for job type {typ!r} on worker {self.name!r}"
+        else:
+            try:
+                value = await handler(_decode(job[5]), ctx)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                cancelling = getattr(task, "cancelling", None)
+                if cancelling is None or cancelling():
+                    raise  # the task is being cancelled (Python 3.10 cannot tell: treated so)
+                value = "CancelledError: the handler raised CancelledError"
+            except Exception as e:  # noqa: BLE001 - a handler's failure is data, not a crash
+                reason = ctx.signal.reason
+                if (
+                    isinstance(e, ExecutionRevokedError)
+                    and reason is not None
+                    and reason.why == "timeout"
+                ):
+                    value = self._timed_out()
+                else:
+                    value = f"{type(e).__name__}: {e}"
+            else:
+                reason = ctx.signal.reason
+                if reason is not None and reason.why == "timeout":
+                    value = self._timed_out()
+                else:
+                    ok = True
+        self._ended(job, ctx, native, t0, ok, value, None)
 
     def _timed_out(self) -> str:
         return f"timeout: the handler held the job past max_hold_ms={self.max_hold_ms}"
+
+    def _reap(
+        self,
+        job: ClaimedJob,
+        ctx: JobContext,
+        native: _native.NativeWorker,
+        t0: float,
+        task: asyncio.Task[None],
+    ) -> None:
+        """The task's done callback: ends a run that did not end inside it (see ``_start``)."""
+        if self._tasks.get((job[0], job[1])) is not task:
+            return  # ended by `_run`
+        if task.cancelled():
+            value = "CancelledError: the handler's task was cancelled"
+        else:
+            # A BaseException that is no Exception (KeyboardInterrupt, SystemExit, ...).
+            exc = task.exception()
+            value = f"{type(exc).__name__}: {exc}"
+        self._ended(job, ctx, native, t0, False, value, 0)
 
     def _ended(
         self,
@@ -679,8 +710,11 @@ class Worker:
         ctx: JobContext,
         native: _native.NativeWorker,
         t0: float,
-        task: asyncio.Task[tuple[bool, Any]],
+        ok: bool,
+        value: Any,
+        delay: int | None,
     ) -> None:
+        """Record a run's outcome; ``delay`` of a failure: None for ``retry_delay_ms``."""
         seq, token, attempt = job[0], job[1], job[6]
         key = (seq, token)
         if ctx._timer is not None:
@@ -688,15 +722,6 @@ class Worker:
         self._active.pop(key, None)
         self._tasks.pop(key, None)
         self._running.discard(seq)
-        delay: int | None = 0
-        if task.cancelled():
-            ok, value = False, "CancelledError: the handler's task was cancelled"
-        elif (exc := task.exception()) is not None:
-            # A BaseException that is no Exception (KeyboardInterrupt, SystemExit, ...).
-            ok, value = False, f"{type(exc).__name__}: {exc}"
-        else:
-            ok, value = task.result()
-            delay = None
         loop = self._loop
         if loop is not None:
             dt = loop.time() - t0
@@ -726,7 +751,9 @@ class Worker:
         self._slot.set()
 
     def _outcome_queued(self) -> None:
-        if not self._kick_due:
+        # A claim loop that waits for a slot (its wake-up comes after the kick) takes the
+        # outcomes along: the kick would do nothing (see `_kick`), so none is scheduled.
+        if not self._kick_due and (self._claiming or self._stopping or not self._waiting_slot):
             self._kick_due = True
             assert self._loop is not None
             self._loop.call_soon(self._kick)

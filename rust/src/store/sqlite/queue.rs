@@ -309,16 +309,10 @@ fn pick_lanes(db: &mut Db, types: &[String], now: i64, limit: usize) -> Result<O
     Ok(Some(orgs_in_turn(lanes, limit)))
 }
 
-/// The claim's statement for an organization's share of the batch: its earliest due jobs of
-/// `types` (each type read from the due index, at most the share each). Parameters:
-/// max_attempts, the lease's end, the owner, now, then per type (org, type, now, share),
+/// One organization's share of a claim: its earliest due jobs of `types` (each type read
+/// from the due index, at most the share each). Parameters: per type (org, type, now, share),
 /// then the share again when there are several types.
-fn claim_sql(types: usize) -> String {
-    let mut sql = String::from(
-        "UPDATE gnl_jobs SET state = 'running', attempts = attempts + 1, max_attempts = ?, \
-           lease_token = lease_token + 1, lease_expires_at = ?, lease_owner = ?, updated_at = ? \
-         WHERE seq IN (",
-    );
+fn lane_sql(sql: &mut String, types: usize) {
     let one = "SELECT seq, run_at FROM gnl_jobs WHERE org = ? AND type = ? \
                AND state = 'pending' AND run_at <= ? ORDER BY run_at, seq LIMIT ?";
     if types == 1 {
@@ -335,9 +329,37 @@ fn claim_sql(types: usize) -> String {
         }
         sql.push_str(") ORDER BY run_at, seq LIMIT ?");
     }
-    sql.push_str(") RETURNING seq, lease_token, id, type, payload, attempts, run_at");
+}
+
+/// The claim's statement for the shares of several organizations (`types`: how many types
+/// each has), one statement whatever their number: a statement's own cost (its cursors, the
+/// IN list's and RETURNING's temporary tables) is several times a claimed row's. Parameters:
+/// max_attempts, the lease's end, the owner, now, then each organization's (`lane_sql`).
+fn claim_sql(types: &[usize]) -> String {
+    let mut sql = String::from(
+        "UPDATE gnl_jobs SET state = 'running', attempts = attempts + 1, max_attempts = ?, \
+           lease_token = lease_token + 1, lease_expires_at = ?, lease_owner = ?, updated_at = ? \
+         WHERE seq IN (",
+    );
+    if let [t] = types {
+        lane_sql(&mut sql, *t);
+    } else {
+        for (i, t) in types.iter().enumerate() {
+            if i > 0 {
+                sql.push_str(" UNION ALL ");
+            }
+            // A compound's arms take no ORDER BY or LIMIT of their own: each is a subquery.
+            sql.push_str("SELECT seq FROM (");
+            lane_sql(&mut sql, *t);
+            sql.push(')');
+        }
+    }
+    sql.push_str(") RETURNING seq, lease_token, id, type, payload, attempts, run_at, org");
     sql
 }
+
+/// Organizations per claim statement at most (SQLite allows 500 arms in a compound select).
+const LANES_PER_CLAIM: usize = 64;
 
 /// A claim's transaction: the outcomes it carries, expired leases (when `hot.reclaim`), then
 /// up to `req.limit` jobs, lanes in turn.
@@ -377,46 +399,83 @@ pub(super) fn claim_tx(
     let n = lanes.len().max(1);
     let expires = now + req.ttl_ms;
     let mut served: Vec<&str> = Vec::with_capacity(lanes.len());
-    for (i, (org, types)) in lanes.iter().enumerate() {
-        // Lanes in turn: each gets an equal share of the batch, the first ones the rest.
-        let share = (req.limit / n + usize::from(i < req.limit % n)) as i64;
-        let mut args = vec![
-            Val::Int(req.max_attempts),
-            Val::Int(expires),
-            Val::from(&req.owner),
-            Val::Int(now),
-        ];
-        for t in types {
-            args.extend([Val::from(org), Val::from(t), Val::Int(now), Val::Int(share)]);
+    let mut got: Vec<(usize, ClaimedJob)> = Vec::with_capacity(req.limit);
+    let head = [
+        Val::Int(req.max_attempts),
+        Val::Int(expires),
+        Val::from(&req.owner),
+        Val::Int(now),
+    ];
+    // Lanes in chunks: each chunk's parameters stay under the variable limit.
+    let mut start = 0;
+    while start < lanes.len() {
+        let mut args = head.to_vec();
+        let mut types = Vec::new();
+        let mut end = start;
+        while end < lanes.len() && end - start < LANES_PER_CLAIM {
+            let t = &lanes[end].1;
+            let more = 4 * t.len() + usize::from(t.len() > 1);
+            if end > start && args.len() + more > hot.var_limit {
+                break;
+            }
+            // Lanes in turn: each gets an equal share of the batch, the first ones the rest.
+            let share = (req.limit / n + usize::from(end < req.limit % n)) as i64;
+            let org = &lanes[end].0;
+            for typ in t {
+                args.extend([
+                    Val::from(org),
+                    Val::from(typ),
+                    Val::Int(now),
+                    Val::Int(share),
+                ]);
+            }
+            if t.len() > 1 {
+                args.push(Val::Int(share));
+            }
+            types.push(t.len());
+            end += 1;
         }
-        if types.len() > 1 {
-            args.push(Val::Int(share));
-        }
-        let rows = db.rows(&claim_sql(types.len()), &args, types.len() <= 4)?;
-        if !rows.is_empty() {
-            served.push(org.as_str());
-        }
-        let mut got: Vec<ClaimedJob> = rows
-            .into_iter()
-            .map(|r| {
-                let mut r = r.into_iter();
-                let mut next = || r.next().unwrap_or(Val::Null);
-                let (seq, token, id, typ, payload, attempt, run_at) =
-                    (next(), next(), next(), next(), next(), next(), next());
+        let keep = types.len() <= 16 && types.iter().all(|&t| t <= 4);
+        let chunk = &lanes[start..end];
+        db.each(&claim_sql(&types), &args, keep, |r| {
+            let mut r = r.into_iter();
+            let mut next = || r.next().unwrap_or(Val::Null);
+            let (seq, token, id, typ, payload, attempt, run_at, org) = (
+                next(),
+                next(),
+                next(),
+                next(),
+                next(),
+                next(),
+                next(),
+                next(),
+            );
+            let org = org.text().unwrap_or_default();
+            let at = chunk.iter().position(|(o, _)| *o == org).unwrap_or(0) + start;
+            got.push((
+                at,
                 ClaimedJob {
                     seq: seq.int(),
                     token: token.int(),
-                    org: org.clone(),
+                    org,
                     id: id.text().unwrap_or_default(),
                     typ: typ.text().unwrap_or_default(),
                     payload: payload.text().unwrap_or_default(),
                     attempt: attempt.int(),
                     run_at: run_at.int(),
-                }
-            })
-            .collect();
-        got.sort_by_key(|j| (j.run_at, j.seq));
-        out.extend(got);
+                },
+            ));
+            true
+        })?;
+        start = end;
+    }
+    // In the lanes' turn, each organization's jobs oldest first.
+    got.sort_by_key(|(at, j)| (*at, j.run_at, j.seq));
+    for (at, j) in got {
+        if served.last() != Some(&lanes[at].0.as_str()) {
+            served.push(lanes[at].0.as_str());
+        }
+        out.push(j);
     }
     if !lanes.is_empty() {
         lanes_served(db, &lanes, &served, now)?;

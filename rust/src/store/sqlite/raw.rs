@@ -260,9 +260,10 @@ impl Db {
 
     /// Run `f` in a write transaction (`BEGIN IMMEDIATE`): committed when it returns `Ok`,
     /// rolled back otherwise.
+    /// BEGIN and COMMIT are kept prepared (`sqlite3_exec` parses them every time).
     pub(super) fn write<T>(&mut self, f: impl FnOnce(&mut Db) -> Result<T>) -> Result<T> {
-        self.batch("BEGIN IMMEDIATE")?;
-        let r = f(self).and_then(|v| self.batch("COMMIT").map(|_| v));
+        self.exec("BEGIN IMMEDIATE", &[], true)?;
+        let r = f(self).and_then(|v| self.exec("COMMIT", &[], true).map(|_| v));
         if r.is_err() {
             // SAFETY: a valid connection; true while a transaction is open.
             if unsafe { ffi::sqlite3_get_autocommit(self.db) } == 0 {
@@ -293,8 +294,8 @@ impl Db {
         mut f: impl FnMut(Vec<Val>) -> bool,
     ) -> Result<()> {
         self.count += 1;
-        let st = match self.kept.get(sql) {
-            Some(&st) => st,
+        let (st, kept) = match self.kept.get(sql) {
+            Some(&st) => (st, true),
             None => {
                 let mut st = ptr::null_mut();
                 // SAFETY: `sql` is valid for its length; the statement comes out in `st`.
@@ -324,10 +325,9 @@ impl Db {
                     }
                     self.kept.insert(sql.to_string(), st);
                 }
-                st
+                (st, keep && self.owned)
             }
         };
-        let kept = self.kept.contains_key(sql);
         // SAFETY: a statement of this connection, used by this thread alone; text is bound
         // with SQLITE_TRANSIENT (copied); columns are read while it is on a row; it is reset
         // (kept) or finalized (not kept) before returning.

@@ -34,6 +34,7 @@ on_every_engine! {
         idle_lanes_leave_the_turn_of_due_lanes_as_it_was,
         a_claim_takes_only_the_types_it_asks_for,
         organizations_take_turns_whatever_their_number_of_types,
+        a_claim_over_a_hundred_and_fifty_organizations_serves_each_its_share,
     ],
     servers: [a_100k_job_enqueue_is_one_call, big_payloads_are_split_by_size],
     store_and_url: [
@@ -338,6 +339,61 @@ pub async fn organizations_take_turns_whatever_their_number_of_types(s: Arc<dyn 
         .all(|j| j.typ == "x"));
     let got = s.claim(&[], &req_types(1, &["w"])).await.unwrap();
     assert_eq!((ids(&got), got[0].attempt), (vec!["mw0"], 2));
+}
+
+/// A claim over more organizations than SQLite's claim takes in one statement (64): each
+/// organization its share, oldest first, the organizations in turn; with two types in some.
+pub async fn a_claim_over_a_hundred_and_fifty_organizations_serves_each_its_share(
+    s: Arc<dyn Store>,
+) {
+    let mut jobs = vec![];
+    for k in 0..3 {
+        for o in 0..150 {
+            let org = format!("o{o:03}");
+            jobs.push(typed(&org, &format!("{org}x{k}"), "x"));
+            if o % 10 == 0 {
+                jobs.push(typed(&org, &format!("{org}y{k}"), "y"));
+            }
+        }
+    }
+    s.enqueue(&jobs).await.unwrap();
+    // 200 over 150 organizations: the first 50 in turn get two jobs, the others one.
+    let got = s.claim(&[], &req_types(200, &["x", "y"])).await.unwrap();
+    assert_eq!(got.len(), 200);
+    let mut per_org: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+    for j in &got {
+        per_org
+            .entry(j.org.as_str())
+            .or_default()
+            .push(j.id.as_str());
+    }
+    assert_eq!(per_org.len(), 150);
+    let twice = per_org.values().filter(|v| v.len() == 2).count();
+    assert_eq!(twice, 50);
+    for (org, v) in &per_org {
+        // Each organization's oldest jobs, in enqueue order (x0 before y0 before x1).
+        let want: Vec<String> = jobs
+            .iter()
+            .filter(|j| j.org == *org)
+            .take(v.len())
+            .map(|j| j.id.clone())
+            .collect();
+        assert_eq!(
+            v,
+            &want.iter().map(String::as_str).collect::<Vec<_>>(),
+            "{org}"
+        );
+    }
+    // An organization's jobs come together, the organizations in turn (new ones by name).
+    let orgs: Vec<&str> = got.iter().map(|j| j.org.as_str()).collect();
+    let mut seen: Vec<&str> = orgs.clone();
+    seen.dedup();
+    assert_eq!(seen.len(), 150);
+    assert!(seen.windows(2).all(|w| w[0] < w[1]), "{seen:?}");
+    // Served in that order, they are served so again: the next 100 are the first 100, once each.
+    let got = s.claim(&[], &req_types(100, &["x", "y"])).await.unwrap();
+    let next: Vec<&str> = got.iter().map(|j| j.org.as_str()).collect();
+    assert_eq!(next, seen[..100]);
 }
 
 /// The ids of `n` claims of one job each (each must get one).
