@@ -7,7 +7,6 @@ native (``gnl._native.NativeWorker``); this module runs handlers and keeps the p
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import logging
@@ -528,14 +527,11 @@ class Worker:
                 # the cap is short, and while the store is away a wake-up ends the sleep (the
                 # Postgres listener wakes every topic when it reconnects). Another error waits
                 # its backoff out: wake-ups from a busy store would make it a retry storm.
-                self._wake.clear()
-                if self._stopping:
-                    pass
-                elif isinstance(e, StoreUnavailableError):
+                if isinstance(e, StoreUnavailableError) and not self._stopping:
+                    self._wake.clear()
                     await _wake.sleep(self._storage._native, "jobs", seen, backoff, self._wake)
                 else:
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), backoff / 1000)
+                    await self._sleep(backoff)
                 backoff = min(backoff * 2, max(self.max_poll_ms, _STORE_AWAY_MAX_MS))
                 continue
             finally:
@@ -593,6 +589,15 @@ class Worker:
             if timer is not None:
                 timer.cancel()
         return timer is None or self._ends != ends
+
+    async def _sleep(self, ms: int) -> None:
+        self._wake.clear()
+        if self._stopping:
+            return
+        try:
+            await asyncio.wait_for(self._wake.wait(), ms / 1000)
+        except asyncio.TimeoutError:
+            pass
 
     # -- running one job -----------------------------------------------------------------
 

@@ -104,9 +104,10 @@ struct Shared {
     queued: Notify,
     /// Write now.
     kicked: Notify,
-    /// Leases joined the set: the deadline task looks again (a claim that took long brings
-    /// leases whose deadline comes before the one it sleeps until).
-    added: Notify,
+    /// The instant the deadline task sleeps until: a claim whose leases' deadline comes
+    /// before it (a claim sent before the task's last look) wakes the task (`early`).
+    next_look: Mutex<Instant>,
+    early: Notify,
     /// Held (shared) by every write of outcomes in flight; `flush()` takes it exclusively to
     /// wait for them.
     writes: tokio::sync::RwLock<()>,
@@ -148,7 +149,8 @@ impl WorkerCore {
             given_up: Mutex::new((0, None)),
             queued: Notify::new(),
             kicked: Notify::new(),
-            added: Notify::new(),
+            next_look: Mutex::new(Instant::now()),
+            early: Notify::new(),
             writes: tokio::sync::RwLock::new(()),
             closed: AtomicBool::new(false),
             stop: tokio::sync::watch::channel(false).0,
@@ -375,7 +377,10 @@ fn claimed(
                     );
                 }
                 stale.retain(|a| held.remove(a).is_some_and(|l| !l.finished));
-                s.added.notify_one();
+                // Sent before the deadline task's last look: their deadline may come first.
+                if sent + keep(s) < *s.next_look.lock().unwrap() {
+                    s.early.notify_one();
+                }
             }
             for (seq, token) in stale {
                 (s.on_revoke)(seq, token, "lease-lost");
@@ -650,15 +655,20 @@ async fn writer_loop(s: Arc<Shared>) {
     }
 }
 
+/// How long after its claim or last good renewal was sent a held lease is given up.
+fn keep(s: &Shared) -> Duration {
+    s.ttl - s.ttl / LOSS_MARGIN_DIV
+}
+
 /// The lease-loss deadline: a held lease whose handler runs is given up `ttl/LOSS_MARGIN_DIV`
 /// before it would end, unless a renewal moved it on meanwhile.
 async fn deadline_loop(s: Arc<Shared>) {
     let margin = s.ttl / LOSS_MARGIN_DIV;
-    let keep = s.ttl - margin;
+    let keep = keep(&s);
     loop {
         let now = Instant::now();
         // A lease claimed from now on ends after any held now, unless its claim was sent
-        // before this look: then `added` wakes this task to look again.
+        // before this look: then `early` wakes this task to look again.
         let mut next = now + keep;
         let lost: Vec<Attempt> = {
             let mut held = s.held.lock().unwrap();
@@ -678,6 +688,9 @@ async fn deadline_loop(s: Arc<Shared>) {
             for a in &lost {
                 held.remove(a);
             }
+            // Under the lease set's lock: a claim adds its leases before this look (seen
+            // above) or reads this instant after it (and wakes the task if it is too late).
+            *s.next_look.lock().unwrap() = next;
             lost
         };
         if !lost.is_empty() {
@@ -694,7 +707,7 @@ async fn deadline_loop(s: Arc<Shared>) {
         tokio::select! {
             _ = stopped(&s) => return,
             _ = tokio::time::sleep_until(next) => {}
-            _ = s.added.notified() => {}
+            _ = s.early.notified() => {}
         }
     }
 }
