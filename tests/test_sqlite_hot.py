@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -120,10 +122,17 @@ def _wal_frames_and_done(path: str) -> tuple[int, int]:
     """The WAL file's size in frames, and the jobs done."""
     # Read first: the last connection to the file to close folds the WAL in and removes it.
     wal = os.path.getsize(path + "-wal")
-    conn = sqlite3.connect(path)
-    try:
-        page = conn.execute("PRAGMA page_size").fetchone()[0]
-        (done,) = conn.execute("SELECT count(*) FROM gnl_jobs WHERE state = 'done'").fetchone()
-    finally:
-        conn.close()
-    return (wal - 32) // (page + 24), int(done)
+    # In another process: Python's sqlite3 is another SQLite library than gnl's bundled one,
+    # and two of them in one process do not share their POSIX-lock bookkeeping (one may reset
+    # the WAL index the other has mapped: a Bus error was seen here).
+    script = (
+        "import sqlite3, sys\n"
+        "c = sqlite3.connect(sys.argv[1])\n"
+        "print(c.execute('PRAGMA page_size').fetchone()[0],\n"
+        "      c.execute(\"SELECT count(*) FROM gnl_jobs WHERE state = 'done'\").fetchone()[0])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script, path], capture_output=True, text=True, check=True
+    ).stdout.split()
+    page, done = int(out[0]), int(out[1])
+    return (wal - 32) // (page + 24), done
