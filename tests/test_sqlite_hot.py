@@ -4,11 +4,10 @@ fair lanes and the fencing tokens see of it."""
 
 from __future__ import annotations
 
+import asyncio
 import os
-import sqlite3
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 
@@ -39,22 +38,26 @@ async def test_a_drain_waits_out_another_connections_write_lock(
             for i in range(60)
         ]
         await gnl.enqueue_many(storage.work, jobs)
-        locker = sqlite3.connect(sqlite_path(url), isolation_level=None, check_same_thread=False)
-        locker.execute("BEGIN IMMEDIATE")
+        # The lock is held by another process: Python's sqlite3 is another SQLite library
+        # than gnl's bundled one, and two of them must not open one file in one process.
+        script = (
+            "import sqlite3, sys, time\n"
+            "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+            "c.execute('BEGIN IMMEDIATE')\n"
+            "print('held', flush=True)\n"
+            "time.sleep(0.3)\n"
+            "c.execute('COMMIT')\n"
+        )
+        locker = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", script, sqlite_path(url), stdout=asyncio.subprocess.PIPE
+        )
+        assert locker.stdout is not None and (await locker.stdout.readline()).strip() == b"held"
         held = time.monotonic()
-
-        def release() -> None:
-            time.sleep(0.3)
-            locker.execute("COMMIT")
-            locker.close()
-
-        t = threading.Thread(target=release)
-        t.start()
         worker = gnl.create_worker(storage, {"t": handler}, concurrency=1)
         res = await worker.drain()
         await worker.stop()
-        t.join()
-        assert time.monotonic() - held >= 0.3
+        assert await asyncio.wait_for(locker.wait(), 30) == 0
+        assert time.monotonic() - held >= 0.25
         assert res.processed == 60 and res.succeeded == 60, res
         assert sorted(seen) == list(range(60))
         for i in (0, 31, 59):
