@@ -35,6 +35,7 @@ on_every_engine! {
         a_claim_takes_only_the_types_it_asks_for,
         organizations_take_turns_whatever_their_number_of_types,
         a_claim_over_a_hundred_and_fifty_organizations_serves_each_its_share,
+        organizations_of_many_types_each_get_their_share,
     ],
     servers: [a_100k_job_enqueue_is_one_call, big_payloads_are_split_by_size],
     store_and_url: [
@@ -239,6 +240,18 @@ fn req_types(limit: usize, types: &[&str]) -> ClaimRequest {
     r
 }
 
+/// The ids of `jobs` per organization, in the order they came.
+fn ids_per_org(jobs: &[ClaimedJob]) -> std::collections::BTreeMap<&str, Vec<&str>> {
+    let mut per_org: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+    for j in jobs {
+        per_org
+            .entry(j.org.as_str())
+            .or_default()
+            .push(j.id.as_str());
+    }
+    per_org
+}
+
 fn ids(jobs: &[ClaimedJob]) -> Vec<&str> {
     jobs.iter().map(|j| j.id.as_str()).collect()
 }
@@ -360,13 +373,7 @@ pub async fn a_claim_over_a_hundred_and_fifty_organizations_serves_each_its_shar
     // 200 over 150 organizations: the first 50 in turn get two jobs, the others one.
     let got = s.claim(&[], &req_types(200, &["x", "y"])).await.unwrap();
     assert_eq!(got.len(), 200);
-    let mut per_org: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
-    for j in &got {
-        per_org
-            .entry(j.org.as_str())
-            .or_default()
-            .push(j.id.as_str());
-    }
+    let per_org = ids_per_org(&got);
     assert_eq!(per_org.len(), 150);
     let twice = per_org.values().filter(|v| v.len() == 2).count();
     assert_eq!(twice, 50);
@@ -394,6 +401,45 @@ pub async fn a_claim_over_a_hundred_and_fifty_organizations_serves_each_its_shar
     let got = s.claim(&[], &req_types(100, &["x", "y"])).await.unwrap();
     let next: Vec<&str> = got.iter().map(|j| j.org.as_str()).collect();
     assert_eq!(next, seen[..100]);
+}
+
+/// Organizations whose lanes have several types each, some more than SQLite keeps in a
+/// prepared claim statement (4), beside organizations of one type: each organization its
+/// share, its oldest jobs first whatever their type, each job once.
+pub async fn organizations_of_many_types_each_get_their_share(s: Arc<dyn Store>) {
+    let types = ["a", "b", "c", "d", "e", "f"];
+    let mut jobs = vec![];
+    for k in 0..2 {
+        for o in 0..12 {
+            let org = format!("o{o:02}");
+            // o00 has all six types, o01 five, ..., the rest one.
+            for t in &types[..types.len().saturating_sub(o).max(1)] {
+                jobs.push(typed(&org, &format!("{org}{t}{k}"), t));
+            }
+        }
+    }
+    s.enqueue(&jobs).await.unwrap();
+    // 24 over 12 organizations: two each, the oldest two of each.
+    let got = s.claim(&[], &req_types(24, &types)).await.unwrap();
+    assert_eq!(got.len(), 24, "{:?}", ids(&got));
+    let per_org = ids_per_org(&got);
+    assert_eq!(per_org.len(), 12);
+    for (org, v) in &per_org {
+        let want: Vec<&str> = jobs
+            .iter()
+            .filter(|j| j.org == *org)
+            .take(2)
+            .map(|j| j.id.as_str())
+            .collect();
+        assert_eq!(v, &want, "{org}");
+    }
+    // The rest, claimed in one go, are every other job, once each.
+    let rest = s.claim(&[], &req_types(500, &types)).await.unwrap();
+    let mut all: Vec<&str> = got.iter().chain(&rest).map(|j| j.id.as_str()).collect();
+    all.sort_unstable();
+    let mut want: Vec<&str> = jobs.iter().map(|j| j.id.as_str()).collect();
+    want.sort_unstable();
+    assert_eq!(all, want);
 }
 
 /// The ids of `n` claims of one job each (each must get one).
