@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
 import time
@@ -230,6 +231,30 @@ async def test_a_handler_whose_task_is_cancelled_fails_its_attempt(
     errors = [j.last_error or "" for j in jobs if j is not None]
     assert "the handler's task was cancelled" in errors[0]
     assert "the handler raised CancelledError" in errors[1]
+
+
+_SEEN: contextvars.ContextVar[Any] = contextvars.ContextVar("seen", default=None)
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+async def test_a_handlers_context_variables_do_not_reach_the_next_job(
+    storage: gnl.Storage, concurrency: int
+) -> None:
+    # Each run sees the context the worker started in, whatever the run before it set.
+    found: list[Any] = []
+
+    async def handler(payload: Any, ctx: gnl.JobContext) -> None:
+        found.append(_SEEN.get())
+        _SEEN.set(payload)
+        if payload % 5 == 0:
+            await asyncio.sleep(0)
+            assert _SEEN.get() == payload
+
+    await gnl.enqueue_many(storage, [{"type": "t", "payload": i} for i in range(40)])
+    worker = gnl.create_worker(storage, {"t": handler}, concurrency=concurrency)
+    assert (await worker.drain()).processed == 40
+    assert found == [None] * 40
+    assert _SEEN.get() is None
 
 
 async def test_failed_attempt_goes_back_to_pending_with_its_error(storage: gnl.Storage) -> None:

@@ -7,6 +7,7 @@ native (``gnl._native.NativeWorker``); this module runs handlers and keeps the p
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import json
 import logging
@@ -276,6 +277,9 @@ class Worker:
         self._late = False  # a handler outlasted a claim while a pair waited for it
         self._ends = 0  # handler runs ended
         self._counts = [0, 0, 0]  # processed, succeeded, failed
+        # The claim loop's context (a copy): each run starts in a copy of it, wherever it is
+        # started from (a task started by the end of another run must not get its context).
+        self._context: contextvars.Context | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -473,6 +477,7 @@ class Worker:
         native = self._native
         assert native is not None
         loop = asyncio.get_running_loop()
+        self._context = contextvars.copy_context()
         interval = self.poll_ms
         backoff = self.poll_ms
         busy_wait = 0.005
@@ -639,7 +644,12 @@ class Worker:
             )
         self._active[key] = ctx
         t0 = self._loop.time()
-        task = self._loop.create_task(self._run(job, ctx, native, t0))
+        coro = self._run(job, ctx, native, t0)
+        base = self._context
+        # A task copies the context it is created in.
+        task = (
+            self._loop.create_task(coro) if base is None else base.run(self._loop.create_task, coro)
+        )
         self._tasks[key] = task
         self._running.add(seq)
         self._counts[0] += 1
