@@ -171,7 +171,9 @@ async def test_short_jobs_at_concurrency_1_run_without_a_task_each(
         finally:
             loop.set_task_factory(None)
         assert res == gnl.DrainResult(n, n, 0)
-        assert made < n / 10, f"{made} tasks for {n} jobs"
+        # A claim that cannot run at once (another lock held) runs its jobs in tasks and a new
+        # runner follows: 2-23 tasks in all here (600 before).
+        assert made < n / 4, f"{made} tasks for {n} jobs"
         jobs = await all_jobs(storage)
         assert all(j.state == "done" and j.attempts == 1 for j in jobs)
         assert sorted(j.result for j in jobs) == list(range(n))
