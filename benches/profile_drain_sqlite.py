@@ -14,7 +14,9 @@ worker at concurrency C, in one of these modes:
 * ``pyinstrument``: the drain under pyinstrument (``pip install pyinstrument``), lower
   overhead than cProfile.
 
-* ``drain``: the drain alone (for an outside profiler: ``perf record -g -- ...``).
+* ``drain``: the drain alone (for an outside profiler: ``perf record -g -- ...``), with the
+  CPU time it took per job (every thread of the process: Python, tokio, the checkpointer),
+  a figure that a loaded machine skews less than the wall time.
 
     N=10000 C=1 .venv/bin/python benches/profile_drain_sqlite.py split
     N=10000 C=16 ORGS=50 perf record -g -o /tmp/p.data .venv/bin/python \
@@ -88,7 +90,8 @@ class TimedClaims:
         return jobs
 
 
-async def drain(path: Path, timed: bool) -> tuple[float, TimedClaims | None]:
+async def drain(path: Path, timed: bool) -> tuple[float, TimedClaims | None, float]:
+    """Seconds to drain, the claim timer (``timed``) and the CPU seconds of the drain."""
     storage = await gnl.connect(c.sqlite_url(path))
     worker = gnl.create_worker(storage, {"noop": noop}, concurrency=C)
     wrap = None
@@ -96,13 +99,13 @@ async def drain(path: Path, timed: bool) -> tuple[float, TimedClaims | None]:
         # Private: the only way to time the native claim without touching gnl's code.
         wrap = TimedClaims(worker._ensure_native())
         worker._native = wrap  # type: ignore[assignment]
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     res = await worker.drain()
-    dt = time.perf_counter() - t0
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     await worker.stop()
     await storage.close()
     assert res.processed == N, res
-    return dt, wrap
+    return dt, wrap, cpu
 
 
 async def round_trips(path: Path) -> list[str]:
@@ -160,7 +163,7 @@ def main(mode: str) -> None:
         c.collect()
         path = work.copy_db(tpl, "run")
         if mode == "split":
-            dt, wrap = asyncio.run(drain(path, timed=True))
+            dt, wrap, _ = asyncio.run(drain(path, timed=True))
             assert wrap is not None
             print(f"drain: {N / dt:,.0f} jobs/s, {dt:.2f} s")
             print(
@@ -179,12 +182,12 @@ def main(mode: str) -> None:
             print("round trips:")
             print("\n".join(asyncio.run(round_trips(work.fresh("rt")))))
         elif mode == "drain":
-            dt, _ = asyncio.run(drain(path, timed=False))
-            print(f"drain: {N / dt:,.0f} jobs/s, {dt:.2f} s")
+            dt, _, cpu = asyncio.run(drain(path, timed=False))
+            print(f"drain: {N / dt:,.0f} jobs/s, {dt:.2f} s, {cpu / N * 1e6:.1f} us CPU a job")
         elif mode == "cprofile":
             prof = cProfile.Profile()
             prof.enable()
-            dt, _ = asyncio.run(drain(path, timed=False))
+            dt, _, _ = asyncio.run(drain(path, timed=False))
             prof.disable()
             print(f"drain under cProfile: {N / dt:,.0f} jobs/s, {dt:.2f} s")
             buf = io.StringIO()
@@ -195,7 +198,7 @@ def main(mode: str) -> None:
 
             profiler = Profiler(interval=0.0005, async_mode="disabled")
             profiler.start()
-            dt, _ = asyncio.run(drain(path, timed=False))
+            dt, _, _ = asyncio.run(drain(path, timed=False))
             profiler.stop()
             print(f"drain under pyinstrument: {N / dt:,.0f} jobs/s, {dt:.2f} s")
             print(profiler.output_text(unicode=False, color=False))

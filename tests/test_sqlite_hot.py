@@ -9,13 +9,14 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import pytest
 
 import gnl
 from _faults import sqlite_path
-from _support import job_state
+from _support import all_jobs, job_state
 
 pytestmark = pytest.mark.parametrize("backend", ["sqlite"])
 
@@ -139,3 +140,40 @@ def _wal_frames_and_done(path: str) -> tuple[int, int]:
     ).stdout.split()
     page, done = int(out[0]), int(out[1])
     return (wal - 32) // (page + 24), done
+
+
+async def test_short_jobs_at_concurrency_1_run_without_a_task_each(
+    store_url: Callable[[], str],
+) -> None:
+    """One slot, claims at once, handlers that return at once: the worker runs two jobs a
+    claim inline, in one task of its own (``Worker._run_pairs``), not in a task per job (and
+    a wake-up of its claim loop per job): it made a task or more per job."""
+    n = 600
+
+    async def handler(payload: int, ctx: gnl.JobContext) -> int:
+        return payload
+
+    async with await gnl.connect(store_url()) as storage:
+        await gnl.enqueue_many(storage.work, [{"type": "t", "payload": i} for i in range(n)])
+        loop = asyncio.get_running_loop()
+        made = 0
+
+        def factory(
+            loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], **kw: Any
+        ) -> asyncio.Task[Any]:
+            nonlocal made
+            made += 1
+            return asyncio.Task(coro, loop=loop, **kw)
+
+        loop.set_task_factory(factory)  # type: ignore[arg-type]
+        try:
+            res = await gnl.create_worker(storage, {"t": handler}, concurrency=1).drain()
+        finally:
+            loop.set_task_factory(None)
+        assert res == gnl.DrainResult(n, n, 0)
+        # A claim that cannot run at once (another lock held) runs its jobs in tasks and a new
+        # runner follows: 2-23 tasks in all here (600 before).
+        assert made < n / 4, f"{made} tasks for {n} jobs"
+        jobs = await all_jobs(storage)
+        assert all(j.state == "done" and j.attempts == 1 for j in jobs)
+        assert sorted(j.result for j in jobs) == list(range(n))

@@ -198,6 +198,19 @@ async def test_failing_handler_is_retried_then_dead(storage: gnl.Storage) -> Non
     ).processed == 0
 
 
+async def _cancels_its_task(payload: Any, ctx: gnl.JobContext) -> str:
+    """Cancels its own task on the first attempt of ``cancel``; raises CancelledError on the
+    first attempt of ``raise``, its task not cancelled."""
+    if payload == "cancel" and ctx.attempt == 1:
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+        await asyncio.sleep(0)
+    if payload == "raise" and ctx.attempt == 1:
+        raise asyncio.CancelledError
+    return f"{payload} {ctx.attempt}"
+
+
 @pytest.mark.parametrize("concurrency", [1, 4])
 async def test_a_handler_whose_task_is_cancelled_fails_its_attempt(
     storage: gnl.Storage, concurrency: int
@@ -205,21 +218,11 @@ async def test_a_handler_whose_task_is_cancelled_fails_its_attempt(
     # A run that does not return or raise an Exception (its task cancelled, here by the
     # handler itself) still ends: its attempt fails, is retried at once, and the jobs after
     # it run.
-    async def handler(payload: Any, ctx: gnl.JobContext) -> str:
-        if payload == "cancel" and ctx.attempt == 1:
-            task = asyncio.current_task()
-            assert task is not None
-            task.cancel()
-            await asyncio.sleep(0)
-        if payload == "raise" and ctx.attempt == 1:
-            raise asyncio.CancelledError  # raised by the handler, its task not cancelled
-        return f"{payload} {ctx.attempt}"
-
     ids = await gnl.enqueue_many(
         storage, [{"type": "t", "payload": p} for p in ("cancel", "raise", "plain")]
     )
     worker = gnl.create_worker(
-        storage, {"t": handler}, max_attempts=2, retry_delay_ms=0, concurrency=concurrency
+        storage, {"t": _cancels_its_task}, max_attempts=2, retry_delay_ms=0, concurrency=concurrency
     )
     assert await worker.drain() == gnl.DrainResult(5, 3, 2)
     jobs = [await gnl.get_job(storage, i) for i in ids]
@@ -231,6 +234,25 @@ async def test_a_handler_whose_task_is_cancelled_fails_its_attempt(
     errors = [j.last_error or "" for j in jobs if j is not None]
     assert "the handler's task was cancelled" in errors[0]
     assert "the handler raised CancelledError" in errors[1]
+
+
+async def test_a_handler_run_after_quick_ones_whose_task_is_cancelled_fails_its_attempt(
+    storage: gnl.Storage,
+) -> None:
+    # At concurrency 1 quick handlers run two a claim in one task (on a SQLite file): a
+    # handler that cancels its task there too fails only its own attempt; the drain goes on.
+    names = [f"q{i}" for i in range(30)] + ["cancel"] + [f"r{i}" for i in range(30)]
+    ids = await gnl.enqueue_many(storage, [{"type": "t", "payload": p} for p in names])
+    worker = gnl.create_worker(storage, {"t": _cancels_its_task}, max_attempts=2, retry_delay_ms=0)
+    assert await worker.drain() == gnl.DrainResult(len(names) + 1, len(names), 1)
+    jobs = [await gnl.get_job(storage, i) for i in ids]
+    assert [(j.state, j.result) for j in jobs if j is not None] == [
+        ("done", f"{p} {2 if p == 'cancel' else 1}") for p in names
+    ]
+    cancelled = jobs[names.index("cancel")]
+    assert cancelled is not None and "the handler's task was cancelled" in (
+        cancelled.last_error or ""
+    )
 
 
 _SEEN: contextvars.ContextVar[Any] = contextvars.ContextVar("seen", default=None)

@@ -15,9 +15,9 @@ import os
 import secrets
 import socket
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
 from dataclasses import dataclass
-from types import TracebackType
+from types import CoroutineType, TracebackType
 from typing import Any
 
 from . import _native, _wake, durable
@@ -220,6 +220,45 @@ def _decode(text: str) -> Any:
     return value if end == len(text) else json.loads(text)
 
 
+class _Inline:
+    """Awaits a handler's coroutine in a context of its own (a copy of the current one), as a
+    task of its own would run it: a handler's context variables do not reach the next job.
+    ``suspended`` is called when the coroutine first waits for something (see
+    ``Worker._run_pairs``)."""
+
+    __slots__ = ("_coro", "_suspended")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], suspended: Callable[[], None]) -> None:
+        # (Only coroutines: any other awaitable is awaited as it is.)
+        self._coro = coro
+        self._suspended = suspended
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro = self._coro
+        run = contextvars.copy_context().run
+        try:
+            future = run(coro.send, None)
+        except StopIteration as end:
+            return end.value
+        self._suspended()
+        while True:
+            try:
+                value = yield future
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as e:  # noqa: BLE001 - thrown in by the task: passed on
+                try:
+                    future = run(coro.throw, e)
+                except StopIteration as end:
+                    return end.value
+            else:
+                try:
+                    future = run(coro.send, value)
+                except StopIteration as end:
+                    return end.value
+
+
 def _default_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
@@ -277,9 +316,13 @@ class Worker:
         self._late = False  # a handler outlasted a claim while a pair waited for it
         self._ends = 0  # handler runs ended
         self._counts = [0, 0, 0]  # processed, succeeded, failed
+        # The task that runs pairs of jobs inline (`_run_pairs`), and its timer for a handler
+        # that outlasts a few claims.
+        self._runner: asyncio.Task[None] | None = None
         # The claim loop's context (a copy): each run starts in a copy of it, wherever it is
         # started from (a task started by the end of another run must not get its context).
         self._context: contextvars.Context | None = None
+        self._late_timer: asyncio.TimerHandle | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -413,7 +456,10 @@ class Worker:
     async def _settle(self) -> None:
         # Every job this worker claimed runs before this returns: the running ones, then
         # those claimed ahead, which start as slots free.
-        while self._tasks or self._ready:
+        while self._tasks or self._ready or self._runner is not None:
+            if self._runner is not None:
+                await asyncio.wait((self._runner,))
+                continue
             if not self._tasks:
                 self._fill()
                 continue
@@ -482,6 +528,11 @@ class Worker:
         backoff = self.poll_ms
         busy_wait = 0.005
         while drain or not self._stopping:
+            if self._runner is not None and not self._late:
+                # Pairs run inline (`_run_pairs`): it wakes this loop when it ends, or when
+                # its handler outlasts a few claims (the next job is claimed ahead then).
+                await self._wait_slot()
+                continue
             pairing = self._pairs() and not self._late
             want = self._want(pairing)
             if want <= 0:
@@ -541,15 +592,14 @@ class Worker:
                 continue
             finally:
                 self._claiming = False
-            dt = loop.time() - t0
-            self._claim_s = (
-                dt if self._claim_s == 0.0 else self._claim_s + _EWMA * (dt - self._claim_s)
-            )
+            self._claimed(loop.time() - t0)
             backoff = self.poll_ms
             if jobs:
                 interval = self.poll_ms
                 busy_wait = 0.005
                 self._ready.extend(jobs)
+                if pairing and now is not None and self._runner is None and not self._tasks:
+                    self._runner = loop.create_task(self._run_pairs())
                 continue
             if not drain:
                 self._wake.clear()
@@ -577,6 +627,84 @@ class Worker:
                 busy_wait = min(busy_wait * 2, 0.2)
             else:
                 return
+
+    def _claimed(self, dt: float) -> None:
+        """A claim took ``dt`` seconds: the moving average of claim times."""
+        self._claim_s = dt if self._claim_s == 0.0 else self._claim_s + _EWMA * (dt - self._claim_s)
+
+    async def _run_pairs(self) -> None:
+        """One slot, claims at once, short handlers (``_pairs``): run the jobs claimed in this
+        task, each handler awaited inline (in a context of its own), then claim the next two
+        at once, until that stops paying off. Per job no task, no wake-up of the claim loop:
+        one loop turn every two jobs (the ``sleep(0)`` below: the loop's other work runs).
+
+        This task is the handlers' task: a handler that cancels it fails its attempt (as
+        ``_reap`` records it) and ends this task; the claim loop carries on. A handler that
+        waits for longer than a few claims with no job claimed ahead wakes the claim loop
+        (``_late_now``), which claims the next one ahead, as it does for a handler in a task.
+        Returns when the claim is empty, cannot run at once or fails (the claim loop claims
+        next, with its backoff and error handling), or on stop()."""
+        native = self._native
+        loop = self._loop
+        me = asyncio.current_task()
+        assert native is not None and loop is not None and me is not None
+        try:
+            while True:
+                while self._ready:
+                    job = self._ready.popleft()
+                    if job[0] in self._running:
+                        self._ready.appendleft(job)
+                        return
+                    ctx = self._begin(job)
+                    if ctx is None:
+                        continue
+                    key = (job[0], job[1])
+                    self._tasks[key] = me
+                    t0 = loop.time()
+                    try:
+                        await self._run(job, ctx, native, t0, inline=True)
+                    except BaseException as e:
+                        if self._tasks.get(key) is me:
+                            self._ended(job, ctx, native, t0, False, _abandoned(e), 0)
+                        raise
+                    finally:
+                        if self._late_timer is not None:
+                            self._late_timer.cancel()
+                            self._late_timer = None
+                if (
+                    self._stopping
+                    or self._late
+                    or self._claiming
+                    or native is not self._native
+                    or not self._pairs()
+                ):
+                    return
+                await asyncio.sleep(0)
+                if self._ready or self._stopping or self._claiming or self._late:
+                    continue
+                t0 = loop.time()
+                try:
+                    jobs = native.claim_now(2)
+                except GnlError:
+                    return  # the claim loop claims next and handles the error
+                if not jobs:
+                    return  # busy (None) or empty: the claim loop's claim looks again
+                self._claimed(loop.time() - t0)
+                self._ready.extend(jobs)
+        finally:
+            self._runner = None
+            self._slot.set()
+
+    def _suspended(self) -> None:
+        """A handler run inline waits for something: if it outlasts a few claims (>= 2 ms)
+        while no job is claimed ahead, the claim loop claims one (`_late_now`)."""
+        if not self._ready and self._late_timer is None and self._loop is not None:
+            self._late_timer = self._loop.call_later(max(4 * self._claim_s, 0.002), self._late_now)
+
+    def _late_now(self) -> None:
+        self._late_timer = None
+        self._late = True
+        self._slot.set()
 
     async def _wait_slot(self, timeout: float | None = None) -> bool:
         """Wait for a handler to end (True), or ``timeout`` seconds (False)."""
@@ -609,6 +737,8 @@ class Worker:
     def _fill(self) -> None:
         """Start jobs claimed ahead while slots are free, in claim order; a job with an
         attempt still running here waits for it to end."""
+        if self._runner is not None:
+            return  # it runs them itself
         ready = self._ready
         running = self._running
         waiting: list[ClaimedJob] = []
@@ -621,7 +751,9 @@ class Worker:
         if waiting:
             ready.extendleft(reversed(waiting))
 
-    def _start(self, job: ClaimedJob) -> None:
+    def _begin(self, job: ClaimedJob) -> JobContext | None:
+        """A claimed job's run begins: its context (None when it was revoked before it
+        started: its handler never runs)."""
         seq = job[0]
         key = (seq, job[1])
         native = self._native
@@ -634,7 +766,7 @@ class Worker:
                 if why == "canceled":
                     native.done(seq, job[1], None)
                     self._outcome_queued()
-                return
+                return None
         ctx = JobContext(
             self._storage._native, self._storage.journal, job[3], job[4], job[2], job[6]
         )
@@ -643,6 +775,16 @@ class Worker:
                 self.max_hold_ms / 1000, self._revoke, ctx, "timeout"
             )
         self._active[key] = ctx
+        self._running.add(seq)
+        self._counts[0] += 1
+        return ctx
+
+    def _start(self, job: ClaimedJob) -> None:
+        ctx = self._begin(job)
+        if ctx is None:
+            return
+        native = self._native
+        assert native is not None and self._loop is not None
         t0 = self._loop.time()
         coro = self._run(job, ctx, native, t0)
         base = self._context
@@ -650,9 +792,7 @@ class Worker:
         task = (
             self._loop.create_task(coro) if base is None else base.run(self._loop.create_task, coro)
         )
-        self._tasks[key] = task
-        self._running.add(seq)
-        self._counts[0] += 1
+        self._tasks[(job[0], job[1])] = task
         # A run that returns or fails ends inside its task (`_run`), in the loop turn in which
         # its handler returned: the next job starts and the claim loop wakes in that turn,
         # not in the next one, where a done callback would run. This callback ends the others,
@@ -661,10 +801,16 @@ class Worker:
         task.add_done_callback(functools.partial(self._reap, job, ctx, native, t0))
 
     async def _run(
-        self, job: ClaimedJob, ctx: JobContext, native: _native.NativeWorker, t0: float
+        self,
+        job: ClaimedJob,
+        ctx: JobContext,
+        native: _native.NativeWorker,
+        t0: float,
+        inline: bool = False,
     ) -> None:
         """Run the handler and end the run (``_ended``): ``ok`` when it returned, else the
-        attempt failed. A cancellation of the task itself propagates (see ``_reap``)."""
+        attempt failed. A cancellation of the task itself propagates (see ``_reap``).
+        ``inline``: awaited in this task (``_run_pairs``), in a context of its own."""
         typ = job[4]
         handler = self._handlers.get(typ)
         ok = False
@@ -672,7 +818,11 @@ class Worker:
             value: Any = f"no handler for job type {typ!r} on worker {self.name!r}"
         else:
             try:
-                value = await handler(_decode(job[5]), ctx)
+                coro = handler(_decode(job[5]), ctx)
+                if inline and isinstance(coro, CoroutineType):
+                    value = await _Inline(coro, self._suspended)
+                else:
+                    value = await coro
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 cancelling = getattr(task, "cancelling", None)
@@ -712,11 +862,9 @@ class Worker:
         if self._tasks.get((job[0], job[1])) is not task:
             return  # ended by `_run`
         if task.cancelled():
-            value = "CancelledError: the handler's task was cancelled"
+            value = _abandoned(asyncio.CancelledError())
         else:
-            # A BaseException that is no Exception (KeyboardInterrupt, SystemExit, ...).
-            exc = task.exception()
-            value = f"{type(exc).__name__}: {exc}"
+            value = _abandoned(task.exception())
         self._ended(job, ctx, native, t0, False, value, 0)
 
     def _ended(
@@ -763,7 +911,9 @@ class Worker:
         if self._ready and native is self._native:
             self._fill()
         self._ends += 1
-        self._slot.set()
+        if self._runner is None:
+            # (A runner goes on with the next job itself: the claim loop sleeps on.)
+            self._slot.set()
 
     def _outcome_queued(self) -> None:
         # A claim loop that waits for a slot (its wake-up comes after the kick) takes the
@@ -843,6 +993,14 @@ class Worker:
 
     def __repr__(self) -> str:
         return f"<gnl.Worker {self.name!r} concurrency={self.concurrency} running={self.running}>"
+
+
+def _abandoned(exc: BaseException | None) -> str:
+    """The error of a run that ended by ``exc``, no Exception: its task was cancelled, or a
+    BaseException (KeyboardInterrupt, SystemExit, ...)."""
+    if isinstance(exc, asyncio.CancelledError):
+        return "CancelledError: the handler's task was cancelled"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def create_worker(
