@@ -19,9 +19,10 @@ Beside each wall time: this process's CPU time (every thread: user + system, ``g
 and its context switches, per call: figures that a busy disk or other work on the machine
 moves less than the wall time.
 
-Derived (per step, us): Python step machinery = (workflow - run0) / N - step_put / N;
-the native write beyond the raw driver = (step_put - plain) / N, of which the bridge is
-``bridge`` / N.
+Derived, per step (us): Python step machinery = workflow's step - run0 / N - step_put's call;
+the native write beyond the raw driver = step_put's call - plain's, of which the bridge is
+``bridge``'s call. A difference of two noisy figures: on a busy machine read the CPU and the
+context switches rather than these.
 
     N=1000 R=5 ENGINES=postgres,mysql .venv/bin/python benches/bench_durable_split.py
 
