@@ -29,6 +29,7 @@ at least 5x gnl; resuming a finished run under 5% of the run (``rerun``; ``resum
 that did not finish, is printed beside it).
 
     N=1000 R=5 .venv/bin/python benches/bench_durable.py          # ENGINES=sqlite,postgres,mysql
+                                                                  # DBOS=0: without DBOS
 
 Needs ``pip install dbos 'psycopg[binary]' pymysql`` (requirements-dev.txt) and the servers of
 ``_servers.py`` (``PG_URL``, ``MYSQL_URL``).
@@ -55,6 +56,8 @@ import gnl
 N = c.env_int("N", 1000)
 R = c.env_int("R", 5)
 ENGINES = os.environ.get("ENGINES", "sqlite,postgres,mysql").split(",")
+#: ``DBOS=0`` leaves DBOS out (an A/B of gnl against the plain loop only).
+DBOS = os.environ.get("DBOS", "1") != "0"
 PG_SCHEMA = "gnl_bench_durable"
 
 
@@ -261,7 +264,7 @@ def main() -> None:
                 elif engine == "mysql":
                     srv.mysql_drop("durable")
             plain = plain_times(engine, tmp)
-            dbos = dbos_times(engine, tmp)
+            dbos = dbos_times(engine, tmp) if DBOS else None
             print(line("gnl", runs), flush=True)
             print(line("plain", plain), flush=True)
             print(short("resume", resumes, runs), flush=True)

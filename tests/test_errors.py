@@ -148,3 +148,15 @@ def test_records_are_frozen_dataclasses() -> None:
         "failed",
     ]
     assert [f.name for f in dataclasses.fields(gnl.Page)] == ["items", "next_cursor"]
+
+
+async def test_a_native_task_that_panics_raises_gnl_error() -> None:
+    # Every native awaitable runs in one tokio task whose panic is caught where it is polled
+    # (rust/src/py/mod.rs `spawn`): the awaiting coroutine gets a GnlError, and the next call
+    # works.
+    from gnl import _native
+
+    with pytest.raises(gnl.GnlError, match="panicked"):
+        await _native.panic_in_task()
+    with pytest.raises(gnl.GnlError, match="panicked"):
+        await _native.panic_in_task()

@@ -81,7 +81,9 @@ fn ready<'py, T: IntoPyObject<'py>>(py: Python<'py>, value: T) -> PyResult<Bound
 /// Run `fut` on the tokio runtime and return an asyncio future for its result.
 ///
 /// The result is handed to the loop with `call_soon_threadsafe` from a native thread that
-/// enters Python through `with_python`; a panic becomes a `gnl.GnlError`.
+/// enters Python through `with_python`; a panic becomes a `gnl.GnlError`. One tokio task a
+/// call: the panic is caught where `fut` is polled (`caught`), not by awaiting a second task
+/// (pyo3-async-runtimes' shape, which costs a task and a wake-up more per call).
 fn spawn<'py, F, T>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
 where
     F: Future<Output = Result<T, Error>> + Send + 'static,
@@ -94,10 +96,9 @@ where
     let fut_ref = py_fut.clone().unbind();
     let rt = pyo3_async_runtimes::tokio::get_runtime();
     rt.spawn(async move {
-        let res = match tokio::spawn(fut).await {
-            Ok(r) => r.map_err(to_py),
-            Err(e) if e.is_panic() => Err(internal("a task panicked")),
-            Err(_) => Err(internal("a task was cancelled")),
+        let res = match caught(fut).await {
+            Some(r) => r.map_err(to_py),
+            None => Err(internal("a task panicked")),
         };
         with_python(move |py| {
             let (ok, value) = match res.and_then(|v| v.into_bound_py_any(py)) {
@@ -110,6 +111,18 @@ where
         });
     });
     Ok(py_fut)
+}
+
+/// `fut`'s output, or None when polling it panicked (the panic is not propagated).
+async fn caught<F: Future>(fut: F) -> Option<F::Output> {
+    let mut fut = std::pin::pin!(fut);
+    std::future::poll_fn(move |cx| {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
+            Ok(p) => p.map(Some),
+            Err(_) => std::task::Poll::Ready(None),
+        }
+    })
+    .await
 }
 
 /// A job as stored, for `gnl.JobInfo` (JSON fields still as text).
@@ -806,6 +819,12 @@ fn quiesce(py: Python<'_>, timeout_ms: u64) {
     });
 }
 
+/// An awaitable whose task panics (the test of `spawn`'s panic path): it raises GnlError.
+#[pyfunction]
+fn panic_in_task(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    spawn::<_, ()>(py, async { panic!("gnl._native.panic_in_task") })
+}
+
 #[pymodule]
 #[pyo3(name = "_native")]
 fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -819,6 +838,7 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(redact_url, m)?)?;
     m.add_function(wrap_pyfunction!(default_retry_delay_ms, m)?)?;
     m.add_function(wrap_pyfunction!(quiesce, m)?)?;
+    m.add_function(wrap_pyfunction!(panic_in_task, m)?)?;
     cron::register(m)?;
     journal::register(m)?;
     scheduler::register(m)?;

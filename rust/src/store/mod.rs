@@ -12,6 +12,7 @@
 //! * `suite/`: the engine suite every engine passes, split the same way (`queue.rs`,
 //!   `journal.rs`), on a fresh database of each engine.
 //! * `events.rs`: `EventStore` (the event log, consumer cursors, marks, quarantine).
+//! * `held.rs`: the connection Postgres and MySQL hold outside their pool for a run's steps.
 //! * `url.rs`: store URLs. Migrations: `rust/migrations/<engine>/`.
 
 use std::sync::Arc;
@@ -21,6 +22,7 @@ use async_trait::async_trait;
 use crate::error::{Error, Result};
 
 pub mod events;
+pub(crate) mod held;
 pub mod journal;
 pub mod mysql;
 pub mod postgres;

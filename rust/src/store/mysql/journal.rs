@@ -11,6 +11,7 @@ use sqlx::Row;
 
 use super::{opt_text, text, MysqlStore};
 use crate::error::Result;
+use crate::store::held::on_held;
 use crate::store::journal::*;
 
 /// The key of a run id (binds it).
@@ -126,21 +127,19 @@ impl MysqlStore {
              VALUES ({KEY}, {KEY}, ?, ?, ?, ?, ?, ?, ?, {now}, IF(? = 'done', {now}, NULL))",
             now = now_ms!()
         );
-        let won = self
-            .affected(&sql, |q| {
-                q.bind(run_id.as_bytes())
-                    .bind(name.as_bytes())
-                    .bind(n)
-                    .bind(run_id.as_bytes())
-                    .bind(name.as_bytes())
-                    .bind(position)
-                    .bind(state)
-                    .bind(result)
-                    .bind(token)
-                    .bind(state)
-            })
-            .await?;
-        if won == 1 {
+        self.counted(1);
+        let q = sqlx::query(&sql)
+            .bind(run_id.as_bytes())
+            .bind(name.as_bytes())
+            .bind(n)
+            .bind(run_id.as_bytes())
+            .bind(name.as_bytes())
+            .bind(position)
+            .bind(state)
+            .bind(result)
+            .bind(token)
+            .bind(state);
+        if on_held!(self, ex => q.execute(ex)).rows_affected() == 1 {
             return Ok(None);
         }
         kept(self.step_get(run_id, name, n).await?, run_id, name)
@@ -202,18 +201,16 @@ impl JournalStore for MysqlStore {
              WHERE {STEP_WHERE} AND state = 'intent' AND token = ?",
             now_ms!()
         );
-        Ok(self
-            .affected(&sql, |q| {
-                q.bind(result)
-                    .bind(run_id.as_bytes())
-                    .bind(run_id.as_bytes())
-                    .bind(name.as_bytes())
-                    .bind(name.as_bytes())
-                    .bind(n)
-                    .bind(token)
-            })
-            .await?
-            == 1)
+        self.counted(1);
+        let q = sqlx::query(&sql)
+            .bind(result)
+            .bind(run_id.as_bytes())
+            .bind(run_id.as_bytes())
+            .bind(name.as_bytes())
+            .bind(name.as_bytes())
+            .bind(n)
+            .bind(token);
+        Ok(on_held!(self, ex => q.execute(ex)).rows_affected() == 1)
     }
 
     async fn step_resolve(

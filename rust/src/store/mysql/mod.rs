@@ -191,6 +191,8 @@ type Tx = Transaction<'static, MySql>;
 
 pub struct MysqlStore {
     pool: MySqlPool,
+    /// The journal's step writes (`super::held`).
+    held: super::held::Held<MySql>,
     queries: AtomicU64,
     /// Bytes a statement's arguments may take: half the server's `max_allowed_packet`.
     budget: usize,
@@ -281,6 +283,7 @@ impl MysqlStore {
         let max_packet = (max_packet.max(1 << 20)) as usize;
         Ok(MysqlStore {
             pool,
+            held: super::held::Held::new(),
             queries: AtomicU64::new(1),
             budget: max_packet / 2,
             max_packet,
@@ -472,6 +475,7 @@ impl Store for MysqlStore {
 
     async fn close(&self) {
         self.wake.close();
+        self.held.close().await;
         self.pool.close().await;
     }
 

@@ -241,3 +241,10 @@ fn statements_are_sized_by_bytes_and_placeholders() {
     );
     assert!(super::plan(0, 3, 10, |_| 1).is_empty());
 }
+
+crate::store::held::held_connection_tests!(
+    Mysql,
+    super::MysqlStore,
+    "SELECT CAST(CONNECTION_ID() AS SIGNED)",
+    "KILL CONNECTION {}"
+);

@@ -8,6 +8,7 @@ use sqlx::Row;
 
 use super::{pg_text, PostgresStore};
 use crate::error::Result;
+use crate::store::held::on_held;
 use crate::store::journal::*;
 
 /// Insert a step row unless one exists; returns `(won, the kept row's STEP_COLS)`: won true
@@ -59,7 +60,7 @@ impl PostgresStore {
                 Fifth::Text(t) => q.bind(t),
                 Fifth::Int(i) => q.bind(i),
             };
-            if let Some(r) = q.fetch_optional(&self.pool).await? {
+            if let Some(r) = on_held!(self, ex => q.fetch_optional(ex)) {
                 let won: bool = r.get(0);
                 if won {
                     return Ok(None);
@@ -189,12 +190,10 @@ impl JournalStore for PostgresStore {
              WHERE run_id = $1 AND name = $2 AND n = $3 AND state = 'intent' AND token = $4",
             now_ms!()
         );
-        Ok(self
-            .affected(&sql, |q| {
-                q.bind(run_id).bind(name).bind(n).bind(token).bind(result)
-            })
-            .await?
-            == 1)
+        self.counted(1);
+        let q = sqlx::query(&sql).bind(run_id).bind(name).bind(n);
+        let q = q.bind(token).bind(result);
+        Ok(on_held!(self, ex => q.execute(ex)).rows_affected() == 1)
     }
 
     async fn step_resolve(

@@ -66,6 +66,8 @@ type Tx = Transaction<'static, Postgres>;
 
 pub struct PostgresStore {
     pool: PgPool,
+    /// The journal's step writes (`super::held`).
+    held: super::held::Held<Postgres>,
     /// Shared with the notification sender, whose statements count too.
     queries: std::sync::Arc<AtomicU64>,
     wake: std::sync::Arc<super::Wakeups>,
@@ -134,6 +136,7 @@ impl PostgresStore {
         };
         let store = PostgresStore {
             pool,
+            held: super::held::Held::new(),
             queries: std::sync::Arc::new(AtomicU64::new(0)),
             wake: super::Wakeups::new(true),
             opts: opts.clone(),
@@ -303,6 +306,7 @@ impl Store for PostgresStore {
             }
         }
         self.wake.close();
+        self.held.close().await;
         self.pool.close().await;
     }
 

@@ -271,3 +271,10 @@ async fn an_unreachable_server_is_unavailable() {
         other => panic!("{other:?}"),
     }
 }
+
+crate::store::held::held_connection_tests!(
+    Postgres,
+    super::PostgresStore,
+    "SELECT pg_backend_pid()::bigint",
+    "SELECT pg_terminate_backend({})"
+);

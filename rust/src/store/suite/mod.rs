@@ -53,6 +53,7 @@ macro_rules! on_every_engine {
 
 pub(crate) mod events;
 pub(crate) mod journal;
+mod probe;
 pub(crate) mod queue;
 pub(crate) mod triggers;
 pub(crate) mod views;
