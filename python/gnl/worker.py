@@ -45,6 +45,11 @@ _EWMA = 0.2
 # The cap of a failed claim's backoff (ms), unless max_poll_ms is longer: a worker claims again
 # within 2 s of its store's return (docs/DECISIONS.md "Queue").
 _STORE_AWAY_MAX_MS = 2_000
+# While a claim is in flight, the outcomes queued meanwhile wait for the next claim while they
+# are fewer than this: from this many on they go to the native writer at once, on its own
+# connection, so that the next claim (which the worker awaits) does not write them
+# (docs/DECISIONS.md "Queue": Outcomes).
+_CARRY_MAX = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,6 +314,7 @@ class Worker:
         self._claiming = False  # a claim is in flight
         self._waiting_slot = False  # the claim loop waits for a handler to end
         self._kick_due = False  # a _kick is scheduled
+        self._since_claim = 0  # outcomes queued since the last claim went out
         # Moving averages: how long a handler runs, how long a claim takes (seconds).
         self._hold_s: float | None = None
         self._claim_s = 0.0
@@ -546,6 +552,7 @@ class Worker:
                 continue
             self._late = False
             self._claiming = True
+            self._since_claim = 0
             t0 = loop.time()
             # Read before the claim looks: a job enqueued after it wakes the sleep below.
             seen = _wake.version(self._storage._native, "jobs")
@@ -602,6 +609,8 @@ class Worker:
                     self._runner = loop.create_task(self._run_pairs())
                 continue
             if not drain:
+                # No claim follows at once: the outcomes that waited for one are written now.
+                native.kick()
                 self._wake.clear()
                 if self._stopping:
                     continue
@@ -916,23 +925,36 @@ class Worker:
             self._slot.set()
 
     def _outcome_queued(self) -> None:
-        # A claim loop that waits for a slot (its wake-up comes after the kick) takes the
-        # outcomes along: the kick would do nothing (see `_kick`), so none is scheduled.
-        if not self._kick_due and (self._claiming or self._stopping or not self._waiting_slot):
+        self._since_claim += 1
+        # While the next claim will take the outcomes along, the kick would do nothing (see
+        # `_kicks`), so none is scheduled.
+        if not self._kick_due and self._kicks():
             self._kick_due = True
             assert self._loop is not None
             self._loop.call_soon(self._kick)
 
     def _kick(self) -> None:
-        """After a burst of outcomes: a claim that is about to go out (the claim loop waits for
-        a handler to end) takes them along, in its own statement; otherwise (a claim is in
-        flight, or none is coming) the native writer writes them now."""
+        """After a burst of outcomes: the native writer writes them now, unless the next claim
+        takes them along (see `_kicks`)."""
         self._kick_due = False
         native = self._native
         if native is None:
             return
-        if self._claiming or self._stopping or not self._waiting_slot:
+        if self._kicks():
             native.kick()
+
+    def _kicks(self) -> bool:
+        """Whether queued outcomes are written now by the native writer rather than by the next
+        claim, in its own transaction: not while the claim loop waits for a handler to end (it
+        claims then), nor while a claim is in flight (the loop sends the next one as this one
+        comes back, or, when it does not, the writer writes them ``WRITE_AFTER`` = 5 ms after
+        they were queued), unless ``_CARRY_MAX`` or more were queued during that claim; always
+        while stopping."""
+        if self._stopping:
+            return True
+        if self._claiming:
+            return self._since_claim >= _CARRY_MAX
+        return not self._waiting_slot
 
     def _retry_delay(self, attempt: int) -> int | None:
         d = self.retry_delay_ms

@@ -7,11 +7,11 @@
 //!   dated them from the claim's start): a job whose lease is gone by then is not started.
 //! * `finish(outcome)` queues the outcome of an attempt. Its lease stays in the set, renewed,
 //!   until the outcome is written (or given up, below). A writer task writes whatever has
-//!   queued in one transaction (group commit): at once when `kick()` asks (the Python side
-//!   does at the end of a burst of outcomes while a claim is in flight), else `WRITE_AFTER`
-//!   after the first one, unless a claim took them meanwhile. The writer and a claim may write
-//!   at the same time (two connections): each outcome is taken by one of them, and each write
-//!   is conditional on its lease's fencing token, so their order does not matter.
+//!   queued in one transaction (group commit): at once when `kick()` asks, else once the
+//!   oldest waiting outcome was queued `WRITE_AFTER` ago, unless a claim took them meanwhile.
+//!   The writer and a claim may write at the same time (two connections): each outcome is
+//!   taken by one of them, and each write is conditional on its lease's fencing token, so
+//!   their order does not matter.
 //! * Writes are retried with backoff until they succeed or the outcome's lease runs out (the
 //!   last good renewal + `ttl_ms`): then another worker may have reclaimed the job, and the
 //!   outcome is given up. A batch the store refuses for another reason than being away is
@@ -95,6 +95,10 @@ struct Shared {
     cancel_told: Mutex<HashSet<Attempt>>,
     /// Outcomes waiting to be written.
     pending: Mutex<Vec<Outcome>>,
+    /// When `pending` last went from empty to not empty (read and written under its lock):
+    /// its oldest outcome has waited since then, and the writer writes it `WRITE_AFTER` later
+    /// unless a claim took it first.
+    pending_since: Mutex<Instant>,
     /// Outcomes a write refused for another reason than the store being away: the writer
     /// writes each on its own (claims do not take them).
     suspect: Mutex<Vec<Outcome>>,
@@ -145,6 +149,7 @@ impl WorkerCore {
             held: Mutex::new(HashMap::new()),
             cancel_told: Mutex::new(HashSet::new()),
             pending: Mutex::new(Vec::new()),
+            pending_since: Mutex::new(Instant::now()),
             suspect: Mutex::new(Vec::new()),
             given_up: Mutex::new((0, None)),
             queued: Notify::new(),
@@ -196,7 +201,7 @@ impl WorkerCore {
             l.finished = true;
         }
         s.cancel_told.lock().unwrap().remove(&attempt);
-        s.pending.lock().unwrap().push(outcome);
+        queue(s, vec![outcome]);
         s.queued.notify_one();
     }
 
@@ -340,7 +345,7 @@ fn claim_now(s: &Arc<Shared>, n: usize) -> Option<Result<Vec<ClaimedJob>>> {
     match s.store.claim_now(&outcomes, &req) {
         Some(r) => Some(claimed(s, n, outcomes, sent, r)),
         None => {
-            put_back(&s.pending, outcomes);
+            queue(s, outcomes);
             None
         }
     }
@@ -394,7 +399,7 @@ fn claimed(
                 // The writer retries them (with backoff, until their leases run out) unless
                 // the next claim takes them first.
                 if !outcomes.is_empty() {
-                    put_back(&s.pending, outcomes);
+                    queue(s, outcomes);
                     s.queued.notify_one();
                 }
             } else if !outcomes.is_empty() {
@@ -404,6 +409,20 @@ fn claimed(
             Err(e)
         }
     }
+}
+
+/// Queue `outcomes` for writing, in front of any newer ones (they are new, or went out with a
+/// write that did not happen).
+fn queue(s: &Shared, outcomes: Vec<Outcome>) {
+    if outcomes.is_empty() {
+        return;
+    }
+    let mut p = s.pending.lock().unwrap();
+    if p.is_empty() {
+        *s.pending_since.lock().unwrap() = Instant::now();
+    }
+    let newer = std::mem::replace(&mut *p, outcomes);
+    p.extend(newer);
 }
 
 fn put_back(queue: &Mutex<Vec<Outcome>>, outcomes: Vec<Outcome>) {
@@ -450,7 +469,7 @@ async fn write_round(s: &Shared) -> Result<usize> {
             Ok(n + batch.len())
         }
         Err(e) if retry_later(&e) => {
-            put_back(&s.pending, batch);
+            queue(s, batch);
             Err(e)
         }
         Err(_) if batch.len() > 1 => Ok(n + write_each(s, batch).await?),
@@ -486,7 +505,7 @@ async fn write_each(s: &Shared, outcomes: Vec<Outcome>) -> Result<usize> {
             Err(e) if retry_later(&e) => {
                 let mut back = vec![o];
                 back.extend(rest);
-                put_back(&s.pending, back);
+                queue(s, back);
                 return Err(e);
             }
             Err(e) => poisoned(s, o, e),
@@ -643,10 +662,24 @@ async fn writer_loop(s: Arc<Shared>) {
             _ = stopped(&s) => return,
             _ = s.kicked.notified() => {}
             _ = s.queued.notified() => {
-                // Give a claim the chance to take them; a kick writes at once.
-                tokio::select! {
-                    _ = s.kicked.notified() => {}
-                    _ = tokio::time::sleep(WRITE_AFTER) => {}
+                // Give a claim the chance to take them: the oldest waiting outcome is written
+                // `WRITE_AFTER` after it was queued, unless a claim took it first (then the
+                // newer ones wait from their own queueing); a kick writes at once.
+                loop {
+                    let due = {
+                        let p = s.pending.lock().unwrap();
+                        if p.is_empty() {
+                            break;
+                        }
+                        *s.pending_since.lock().unwrap() + WRITE_AFTER
+                    };
+                    if due <= Instant::now() {
+                        break;
+                    }
+                    tokio::select! {
+                        _ = s.kicked.notified() => break,
+                        _ = tokio::time::sleep_until(due) => {}
+                    }
                 }
             }
         }
