@@ -226,6 +226,27 @@ def test_tables_fit_a_narrow_terminal(tmp_path: Path) -> None:
     assert LONG_ID in "".join(pieces)
 
 
+def test_show_of_a_huge_payload_prints_its_start_and_says_how_to_get_it_whole(
+    tmp_path: Path,
+) -> None:
+    # A 5 MB payload: the table shows its first characters and says what is left (it took
+    # minutes to lay out a 50 MB one whole); --json prints it whole.
+    url = f"sqlite:///{tmp_path}/s.db"
+    big = "a" * 5_000_000
+
+    async def seed() -> None:
+        async with await gnl.connect(url) as storage:
+            await gnl.enqueue(storage.work, "t", big, id="big")
+
+    asyncio.run(seed())
+    r = gnl_cmd("jobs", "show", "big", "--url", url)
+    assert r.exit_code == 0, r.output
+    assert len(r.output) < 100_000
+    assert "more characters (--json prints it whole)" in r.output
+    whole = json.loads(gnl_cmd("jobs", "show", "big", "--url", url, "--json").output)
+    assert whole["payload"] == big
+
+
 @pytest.mark.parametrize("command", ["show", "retry", "cancel"])
 def test_an_empty_job_id_is_bad_usage(command: str, tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/s.db"

@@ -212,6 +212,47 @@ async def _cancels_its_task(payload: Any, ctx: gnl.JobContext) -> str:
 
 
 @pytest.mark.parametrize("concurrency", [1, 4])
+async def test_a_cancelled_drain_ends_at_once_and_its_jobs_run_again(
+    storage: gnl.Storage, concurrency: int
+) -> None:
+    # A drain whose caller gives up (wait_for's timeout, Ctrl-C, task.cancel()) while a
+    # handler hangs: it raises at once; the running handler's signal aborts ("shutdown") and
+    # its task is cancelled; its attempt, and those of jobs claimed but not started, fail and
+    # are retried: a later drain runs every job.
+    started: list[str] = []
+    whys: list[str | None] = []
+    hang = asyncio.Event()
+
+    async def handler(payload: str, ctx: gnl.JobContext) -> str:
+        started.append(payload)
+        if payload == "hang" and ctx.attempt == 1:
+            try:
+                await hang.wait()
+            finally:
+                whys.append(ctx.signal.reason.why if ctx.signal.reason else None)
+        return f"{payload} {ctx.attempt}"
+
+    names = ["hang"] + [f"j{i}" for i in range(6)]
+    ids = await gnl.enqueue_many(storage, [{"type": "t", "payload": p} for p in names])
+    worker = gnl.create_worker(
+        storage, {"t": handler}, concurrency=concurrency, retry_delay_ms=0, max_attempts=3
+    )
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(worker.drain(), 0.5)
+    assert time.monotonic() - t0 < 5
+    assert whys == ["shutdown"], whys
+    res = await gnl.create_worker(storage, {"t": handler}, retry_delay_ms=0).drain()
+    jobs = [await gnl.get_job(storage, i) for i in ids]
+    assert all(j is not None and j.state == "done" for j in jobs), [
+        (j.id, j.state, j.last_error) for j in jobs if j is not None
+    ]
+    hung = jobs[0]
+    assert hung is not None and hung.result == "hang 2"
+    assert res.processed >= 1
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
 async def test_a_handler_whose_task_is_cancelled_fails_its_attempt(
     storage: gnl.Storage, concurrency: int
 ) -> None:

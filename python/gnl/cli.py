@@ -155,6 +155,18 @@ def _table(*columns: str, wrap: Sequence[str] = ()) -> Table:
     return table
 
 
+#: Characters of a payload or result that ``gnl jobs show`` prints in its table (the terminal
+#: table lays a long text out slowly: a 50 MB payload took minutes); ``--json`` prints it whole.
+_SHOW_MAX = 20_000
+
+
+def _capped(text: str) -> str:
+    if len(text) <= _SHOW_MAX:
+        return text
+    rest = len(text) - _SHOW_MAX
+    return f"{text[:_SHOW_MAX]}\n… {rest:,} more characters (--json prints it whole)"
+
+
 def _short(text: str | None, width: int = 60) -> str:
     if not text:
         return ""
@@ -492,10 +504,12 @@ def jobs_show(job_id: str, url: str | None, org: str | None, as_json: bool) -> N
         ("updated", _when(job.updated_at)),
         ("finished", _when(job.finished_at)),
         ("last error", job.last_error or "—"),
-        ("payload", json.dumps(job.payload, ensure_ascii=False, indent=2)),
+        ("payload", _capped(json.dumps(job.payload, ensure_ascii=False, indent=2))),
         (
             "result",
-            "—" if job.result is None else json.dumps(job.result, ensure_ascii=False, indent=2),
+            "—"
+            if job.result is None
+            else _capped(json.dumps(job.result, ensure_ascii=False, indent=2)),
         ),
     ]
     for k, v in rows:

@@ -434,6 +434,13 @@ class Worker:
 
         Jobs that other workers hold, and retries that are not due yet, are not waited for.
 
+        Cancelling it (``asyncio.wait_for``'s timeout, Ctrl-C under ``asyncio.run``,
+        ``task.cancel()``) stops it at once: running handlers get their signal aborted
+        (``why="shutdown"``) and their tasks cancelled, so their attempts fail, as do those of
+        jobs claimed ahead and not started (each retried by the retry policy, or dead-lettered
+        on its last attempt); the outcomes are written, then the ``CancelledError``
+        propagates.
+
         Raises:
             GnlError: the worker is started (stop it first).
             StoreUnavailableError: the store could not be reached, or some outcomes could not
@@ -450,6 +457,9 @@ class Worker:
         try:
             await self._pump(drain=True)
             await native.flush()
+        except asyncio.CancelledError:
+            self._abandon("drain() was cancelled")
+            raise
         finally:
             await self._settle()
             # The native half belongs to this loop: a later drain() or start() may run on
@@ -458,6 +468,21 @@ class Worker:
             self._draining = False
         c = self._counts
         return DrainResult(c[0] - before[0], c[1] - before[1], c[2] - before[2])
+
+    def _abandon(self, why: str) -> None:
+        """Stop now (a cancelled ``drain()``): no more claims; each running handler's signal
+        aborts (``shutdown``) and its task is cancelled (its attempt fails, as ``_reap``
+        records it); jobs claimed ahead fail without running, their attempts counted."""
+        self._stopping = True
+        native = self._native
+        for ctx in list(self._active.values()):
+            ctx.signal.abort("shutdown", f"shutdown: {why}")
+        for task in {*self._tasks.values(), *([self._runner] if self._runner else [])}:
+            task.cancel()
+        while self._ready and native is not None:
+            seq, token, *_, attempt = self._ready.popleft()
+            native.fail(seq, token, f"not started: {why}", attempt, self._retry_delay(attempt))
+            self._outcome_queued()
 
     async def _settle(self) -> None:
         # Every job this worker claimed runs before this returns: the running ones, then

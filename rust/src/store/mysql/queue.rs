@@ -943,9 +943,9 @@ impl QueueStore for MysqlStore {
 
     async fn list_orgs(&self, after: Option<&str>, limit: i64) -> Result<Vec<String>> {
         self.counted(1);
-        let rows = sqlx::query(
-            &self.read("SELECT org FROM gnl_lanes WHERE ? IS NULL OR org > ? ORDER BY org LIMIT ?"),
-        )
+        let rows = sqlx::query(&self.read(
+            "SELECT DISTINCT org FROM gnl_lanes WHERE ? IS NULL OR org > ? ORDER BY org LIMIT ?",
+        ))
         .bind(after.map(str::as_bytes))
         .bind(after.map(str::as_bytes))
         .bind(limit)

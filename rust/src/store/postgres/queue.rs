@@ -930,7 +930,7 @@ impl QueueStore for PostgresStore {
         self.counted(1);
         let mut r = self.read().await?;
         let orgs = sqlx::query_scalar(
-            "SELECT org FROM gnl_lanes WHERE $1::text IS NULL OR org > $1 ORDER BY org LIMIT $2",
+            "SELECT DISTINCT org FROM gnl_lanes WHERE $1::text IS NULL OR org > $1 ORDER BY org LIMIT $2",
         )
         .bind(after)
         .bind(limit)

@@ -228,7 +228,7 @@ pub async fn idle_lanes_leave_the_turn_of_due_lanes_as_it_was(s: Arc<dyn Store>)
 }
 
 /// A job of `typ`.
-fn typed(org: &str, id: &str, typ: &str) -> NewJob {
+pub(super) fn typed(org: &str, id: &str, typ: &str) -> NewJob {
     let mut j = job(org, id);
     j.typ = typ.into();
     j

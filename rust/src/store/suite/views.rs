@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use super::journal::start;
+use super::queue::typed;
 use super::triggers::{def, pending};
 use super::{done, job, req};
 use crate::model::*;
@@ -23,10 +24,20 @@ on_every_engine! {
     store_and_url: [],
 }
 
+/// Each organization once (whatever its number of job types: a lane is an organization and
+/// a type), in name order, a page at a time.
 pub async fn organizations_are_listed_in_name_order_a_page_at_a_time(s: Arc<dyn Store>) {
-    s.enqueue(&[job("b", "1"), job("", "2"), job("a", "3"), job("b", "4")])
-        .await
-        .unwrap();
+    s.enqueue(&[
+        job("b", "1"),
+        job("", "2"),
+        job("a", "3"),
+        job("b", "4"),
+        typed("a", "5", "u"),
+        typed("a", "6", "v"),
+        typed("", "7", "u"),
+    ])
+    .await
+    .unwrap();
     assert_eq!(s.list_orgs(None, 10).await.unwrap(), vec!["", "a", "b"]);
     assert_eq!(s.list_orgs(None, 2).await.unwrap(), vec!["", "a"]);
     assert_eq!(s.list_orgs(Some(""), 10).await.unwrap(), vec!["a", "b"]);
