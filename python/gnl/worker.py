@@ -241,27 +241,25 @@ class _Inline:
     def __await__(self) -> Generator[Any, Any, Any]:
         coro = self._coro
         run = contextvars.copy_context().run
-        try:
-            future = run(coro.send, None)
-        except StopIteration as end:
-            return end.value
-        self._suspended()
+        step: Callable[[Any], Any] = coro.send
+        arg: Any = None
+        first = True
         while True:
             try:
-                value = yield future
+                future = run(step, arg)
+            except StopIteration as end:
+                return end.value
+            if first:
+                first = False
+                self._suspended()
+            try:
+                arg = yield future
+                step = coro.send
             except GeneratorExit:
                 coro.close()
                 raise
             except BaseException as e:  # noqa: BLE001 - thrown in by the task: passed on
-                try:
-                    future = run(coro.throw, e)
-                except StopIteration as end:
-                    return end.value
-            else:
-                try:
-                    future = run(coro.send, value)
-                except StopIteration as end:
-                    return end.value
+                step, arg = coro.throw, e
 
 
 def _default_name() -> str:

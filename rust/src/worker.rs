@@ -201,7 +201,7 @@ impl WorkerCore {
             l.finished = true;
         }
         s.cancel_told.lock().unwrap().remove(&attempt);
-        queue(s, vec![outcome]);
+        queue(s, outcome);
         s.queued.notify_one();
     }
 
@@ -345,7 +345,7 @@ fn claim_now(s: &Arc<Shared>, n: usize) -> Option<Result<Vec<ClaimedJob>>> {
     match s.store.claim_now(&outcomes, &req) {
         Some(r) => Some(claimed(s, n, outcomes, sent, r)),
         None => {
-            queue(s, outcomes);
+            requeue(s, outcomes);
             None
         }
     }
@@ -399,11 +399,11 @@ fn claimed(
                 // The writer retries them (with backoff, until their leases run out) unless
                 // the next claim takes them first.
                 if !outcomes.is_empty() {
-                    queue(s, outcomes);
+                    requeue(s, outcomes);
                     s.queued.notify_one();
                 }
             } else if !outcomes.is_empty() {
-                put_back(&s.suspect, outcomes);
+                put_back(&s.suspect, outcomes, || {});
                 s.kicked.notify_one();
             }
             Err(e)
@@ -411,25 +411,33 @@ fn claimed(
     }
 }
 
-/// Queue `outcomes` for writing, in front of any newer ones (they are new, or went out with a
-/// write that did not happen).
-fn queue(s: &Shared, outcomes: Vec<Outcome>) {
-    if outcomes.is_empty() {
-        return;
-    }
+/// Queue a new outcome for writing (after the others); the oldest waiting one dates the wait.
+fn queue(s: &Shared, outcome: Outcome) {
     let mut p = s.pending.lock().unwrap();
     if p.is_empty() {
         *s.pending_since.lock().unwrap() = Instant::now();
     }
-    let newer = std::mem::replace(&mut *p, outcomes);
-    p.extend(newer);
+    p.push(outcome);
 }
 
-fn put_back(queue: &Mutex<Vec<Outcome>>, outcomes: Vec<Outcome>) {
+/// Queue again `outcomes` that went out with a write that did not happen, in front of newer
+/// ones.
+fn requeue(s: &Shared, outcomes: Vec<Outcome>) {
+    put_back(&s.pending, outcomes, || {
+        *s.pending_since.lock().unwrap() = Instant::now();
+    });
+}
+
+/// Put `outcomes` back in front of `queue`'s; `was_empty` runs, under its lock, when the queue
+/// was empty.
+fn put_back(queue: &Mutex<Vec<Outcome>>, outcomes: Vec<Outcome>, was_empty: impl FnOnce()) {
     if outcomes.is_empty() {
         return;
     }
     let mut p = queue.lock().unwrap();
+    if p.is_empty() {
+        was_empty();
+    }
     let newer = std::mem::replace(&mut *p, outcomes);
     p.extend(newer);
 }
@@ -469,7 +477,7 @@ async fn write_round(s: &Shared) -> Result<usize> {
             Ok(n + batch.len())
         }
         Err(e) if retry_later(&e) => {
-            queue(s, batch);
+            requeue(s, batch);
             Err(e)
         }
         Err(_) if batch.len() > 1 => Ok(n + write_each(s, batch).await?),
@@ -505,7 +513,7 @@ async fn write_each(s: &Shared, outcomes: Vec<Outcome>) -> Result<usize> {
             Err(e) if retry_later(&e) => {
                 let mut back = vec![o];
                 back.extend(rest);
-                queue(s, back);
+                requeue(s, back);
                 return Err(e);
             }
             Err(e) => poisoned(s, o, e),
