@@ -250,7 +250,10 @@ async def test_a_handler_raising_cancelled_error_fails_its_attempt(storage: gnl.
     assert sorted(ran) == [("a", 1), ("a", 2), ("b", 1)]
 
 
-async def test_a_timed_out_stop_lets_its_leases_go(storage: gnl.Storage) -> None:
+async def test_a_timed_out_stop_fails_the_attempts_it_abandons(storage: gnl.Storage) -> None:
+    # A stop() whose caller gives up (wait_for's timeout) while a handler ignores its signal:
+    # the handler's task is cancelled and its attempt is recorded as failed before the
+    # CancelledError reaches the caller (not left "running" until its lease lapses).
     started = asyncio.Event()
 
     async def slow(payload: Any, ctx: gnl.JobContext) -> None:
@@ -264,7 +267,10 @@ async def test_a_timed_out_stop_lets_its_leases_go(storage: gnl.Storage) -> None
     with pytest.raises(asyncio.TimeoutError):
         await asyncio.wait_for(w.stop(), 0.1)
     assert not w.running
-    # Nothing renews the lease any more: another worker gets the job and finishes it.
+    job = await gnl.get_job(storage, job_id)
+    assert job is not None and job.state == "pending" and job.attempts == 1, job
+    assert job.last_error is not None and "CancelledError" in job.last_error, job.last_error
+    # Nothing holds the job any more: another worker gets it and finishes it.
     await storage_done_by_another_worker(storage, job_id, {"t": noop})
 
 

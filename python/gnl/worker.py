@@ -388,6 +388,14 @@ class Worker:
         or claimed ahead to start next) to return and their outcomes to be written. Releases
         nothing early. Idempotent.
 
+        Cancelling it (``asyncio.wait_for``'s timeout, ``task.cancel()``) ends it as a
+        cancelled :meth:`drain` ends: running handlers get their signal aborted
+        (``why="shutdown"``) and their tasks cancelled, so their attempts fail, as do those of
+        jobs claimed ahead (each retried by the retry policy, or dead-lettered on its last
+        attempt); the outcomes are written, then the ``CancelledError`` propagates. Cancelled
+        again meanwhile, it ends at once and the leases of what still runs lapse (those jobs
+        are reclaimed after ``ttl_ms``).
+
         An outcome the store cannot take (it is unavailable) is retried, with backoff, until
         it is written or its lease runs out (``ttl_ms`` after its last good renewal; the lease
         is renewed meanwhile).
@@ -407,10 +415,21 @@ class Worker:
         self._slot.set()
         try:
             if self._loop_task is not None:
-                await self._loop_task
+                # Shielded: a cancelled stop() abandons the work itself (below), with the
+                # native half still open to write the outcomes.
+                await asyncio.shield(self._loop_task)
             await self._settle()
+        except asyncio.CancelledError:
+            self._abandon("stop() was cancelled")
+            if self._loop_task is not None:
+                # The claim loop ends at its next turn (``_stopping``); jobs a claim in flight
+                # brings back fail like those claimed ahead.
+                await asyncio.wait((self._loop_task,))
+                self._abandon("stop() was cancelled")
+            await self._settle()
+            raise
         finally:
-            # Also when stop() is cancelled (a timed-out ``wait_for``): the renewals end, and
+            # Also when stop() is cancelled again while it abandons: the renewals end, and
             # the leases of handlers still running lapse.
             self._loop_task = None
             self._close_native()
