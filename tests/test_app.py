@@ -329,6 +329,26 @@ def test_bad_target_is_usage_error(tmp_path: Path) -> None:
         env={**os.environ, "PYTHONPATH": str(TESTS), "GNL_URL": f"sqlite:///{tmp_path}/x.db"},
     )
     assert r.returncode == 2 and "unknown role(s) 'nope'" in r.stderr, r
+    # A SQLite file in a directory that does not exist: a setup error, said at once (not an
+    # outage retried forever).
+    missing = tmp_path / "no-such-dir"
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gnl",
+            "run",
+            "_app_sample:app",
+            "--url",
+            f"sqlite:///{missing}/x.db",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(TESTS)},
+    )
+    assert r.returncode == 2 and str(missing) in r.stderr and "retrying" not in r.stderr, r
+    assert not missing.exists()
 
 
 # -- the App object in process ----------------------------------------------------------------

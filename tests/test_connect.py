@@ -253,10 +253,12 @@ async def test_max_connections_below_one_is_a_bad_value() -> None:
 
 async def test_unreachable_store_raises_store_unavailable(backend: str, tmp_path: Path) -> None:
     urls = {
-        "sqlite": f"sqlite:///{tmp_path / 'no-such-dir' / 'x.db'}",
+        # A directory where the file should be: SQLite cannot open it.
+        "sqlite": f"sqlite:///{tmp_path / 'a-dir'}",
         "postgres": "postgresql://gnl:gnl@127.0.0.1:1/gnl",
         "mysql": "mysql://gnl:gnl@127.0.0.1:1/gnl",
     }
+    (tmp_path / "a-dir").mkdir()
     with pytest.raises(gnl.StoreUnavailableError) as info:
         await asyncio.wait_for(gnl.connect(urls[backend]), 60)
     assert isinstance(info.value, gnl.GnlError)
@@ -266,7 +268,23 @@ async def test_unreachable_store_raises_store_unavailable(backend: str, tmp_path
         assert "refused" in str(info.value).lower(), str(info.value)
     else:
         # SQLite's own "unable to open database file" does not say which file.
-        assert str(tmp_path / "no-such-dir" / "x.db") in str(info.value), str(info.value)
+        assert str(tmp_path / "a-dir") in str(info.value), str(info.value)
+
+
+async def test_a_sqlite_file_in_a_missing_directory_is_a_bad_url(
+    backend: str, tmp_path: Path
+) -> None:
+    # A setup error, not an outage: InvalidArgumentError (not retried by `gnl run`), naming
+    # the directory; nothing is created.
+    sqlite_only(backend)
+    missing = tmp_path / "no-such-dir"
+    for create in (True, False):
+        with pytest.raises(gnl.InvalidArgumentError) as info:
+            await gnl.connect(f"sqlite:///{missing / 'x.db'}", create=create)
+        assert str(missing) in str(info.value) and "does not exist" in str(info.value)
+    with pytest.raises(gnl.InvalidArgumentError):
+        await gnl.upgrade(f"sqlite:///{missing / 'x.db'}")
+    assert not missing.exists()
 
 
 async def test_a_read_timeout_is_checked_and_the_reads_under_it_answer(

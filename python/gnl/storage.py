@@ -178,7 +178,9 @@ async def connect(
 
     Raises:
         TypeError: ``url`` is not a str.
-        InvalidArgumentError: an unsupported scheme (the message names the accepted ones).
+        InvalidArgumentError: an unsupported scheme (the message names the accepted ones);
+            a SQLite file whose directory does not exist (gnl creates the file, never its
+            directory: a setup error, which retrying cannot mend).
         SchemaOutdatedError: the store's schema is older than this package (its message names
             ``gnl upgrade <url>``), or the store is empty and ``create`` is False.
         SchemaTooNewError: the store's schema is newer than this package.

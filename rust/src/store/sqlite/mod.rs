@@ -150,6 +150,16 @@ impl SqliteStore {
                 (o, 1)
             }
             SqliteTarget::File(path) => {
+                // A setup error, not an outage: retrying cannot make the directory appear.
+                let dir = std::path::Path::new(path)
+                    .parent()
+                    .filter(|d| !d.as_os_str().is_empty());
+                if let Some(dir) = dir.filter(|d| !d.is_dir()) {
+                    return Err(Error::InvalidArgument(format!(
+                        "the directory {dir:?} of the SQLite file {path:?} does not exist \
+                         (gnl creates the file, not its directory)"
+                    )));
+                }
                 if !create && !std::path::Path::new(path).exists() {
                     return Err(Error::StoreUnavailable {
                         reason: format!("there is no SQLite file at {path:?} (create=False does not create one)"),
