@@ -101,8 +101,13 @@ impl Cron {
             n += 1;
         }
         if n != 5 {
+            // `.field` names the first missing field; the message does not start with it
+            // (`"hour: expected 5 fields"` reads as if the hour were wrong).
             let all: Vec<&str> = source.split_ascii_whitespace().collect();
-            return Err(whole(field_count_field(n), field_count_problem(&all)));
+            return Err(CronError {
+                field: field_count_field(n),
+                ..whole(None, field_count_problem(&all))
+            });
         }
         let mut bits = [0u64; 5];
         for (i, f) in field::FIELDS.into_iter().enumerate() {
@@ -190,7 +195,7 @@ fn field_count_problem(fields: &[&str]) -> String {
     match fields.len() {
         0 => format!("{expected}, found none"),
         n @ 1..=4 => format!(
-            "{expected}, found {n}: {} and after it are missing",
+            "{expected}, found {n}: {} and the fields after it are missing",
             field::FIELDS[n]
         ),
         n => format!(
