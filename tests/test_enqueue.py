@@ -275,6 +275,32 @@ async def test_non_json_payload_is_a_type_error(storage: gnl.Storage, payload: A
     assert await job_count(storage) == 0
 
 
+async def test_too_deep_or_self_referencing_payloads_are_bad_values_said_briefly(
+    storage: gnl.Storage,
+) -> None:
+    deep: Any = []
+    for _ in range(3_000):
+        deep = [deep]
+    itself: list[Any] = []
+    itself.append(itself)
+    for payload in (deep, itself):
+        with pytest.raises(gnl.InvalidArgumentError) as info:
+            await gnl.enqueue(storage.work, "t", payload)
+        msg = str(info.value)
+        assert msg.startswith("payload[0][0]") and "nested deeper than 256" in msg, msg
+        assert len(msg) < 200, msg
+    # A wrong type deep down: the path is cut in its middle, the type still named.
+    wrong: Any = {"x": b"bytes"}
+    for _ in range(200):
+        wrong = [wrong]
+    with pytest.raises(TypeError) as type_info:
+        await gnl.enqueue(storage.work, "t", wrong)
+    msg = str(type_info.value)
+    assert msg.startswith("payload[0]") and "[0].x is of type bytes" in msg, msg
+    assert len(msg) < 200, msg
+    assert await job_count(storage) == 0
+
+
 @pytest.mark.parametrize(
     "payload",
     [math.nan, math.inf, -math.inf, {"x": math.nan}, [1.0, [math.inf]], {"a": {"b": -math.inf}}],

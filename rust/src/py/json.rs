@@ -31,7 +31,8 @@ pub fn encode_into(value: &Bound<'_, PyAny>, what: &str, out: &mut String) -> Py
 fn write(v: &Bound<'_, PyAny>, out: &mut String, path: &mut String, depth: usize) -> PyResult<()> {
     if depth > MAX_DEPTH {
         return Err(InvalidArgumentError::new_err(format!(
-            "{path} is nested deeper than {MAX_DEPTH} levels (or refers to itself)"
+            "{} is nested deeper than {MAX_DEPTH} levels (or refers to itself)",
+            shown(path)
         )));
     }
     if v.is_none() {
@@ -124,10 +125,24 @@ fn write(v: &Bound<'_, PyAny>, out: &mut String, path: &mut String, depth: usize
             _ => "",
         };
         return Err(PyTypeError::new_err(format!(
-            "{path} is of type {t}, which is not JSON{hint}"
+            "{} is of type {t}, which is not JSON{hint}",
+            shown(path)
         )));
     }
     Ok(())
+}
+
+/// `path` for a message: whole up to `SHOWN_PATH` characters, else its start and end around
+/// "..." (a 256-deep path is ~800 characters of `[0]`).
+fn shown(path: &str) -> String {
+    const SHOWN_PATH: usize = 96;
+    let n = path.chars().count();
+    if n <= SHOWN_PATH {
+        return path.to_owned();
+    }
+    let head: String = path.chars().take(SHOWN_PATH / 2).collect();
+    let tail: String = path.chars().skip(n - SHOWN_PATH / 2 + 8).collect();
+    format!("{head}...{tail}")
 }
 
 fn type_name(v: &Bound<'_, PyAny>) -> String {
