@@ -130,7 +130,10 @@ impl LoopQueue {
         };
         for c in items {
             let fut = c.fut.bind(py);
-            match fut.call_method0(intern!(py, "done")).and_then(|d| d.is_truthy()) {
+            match fut
+                .call_method0(intern!(py, "done"))
+                .and_then(|d| d.is_truthy())
+            {
                 Ok(false) => {}
                 _ => continue,
             }
@@ -181,7 +184,10 @@ static QUEUE_FOR: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 /// The queue of `event_loop`, or None when the loop has none (the `call_soon_threadsafe`
 /// path).
-pub(crate) fn queue_of(py: Python<'_>, event_loop: &Bound<'_, PyAny>) -> PyResult<Option<Arc<Queue>>> {
+pub(crate) fn queue_of(
+    py: Python<'_>,
+    event_loop: &Bound<'_, PyAny>,
+) -> PyResult<Option<Arc<Queue>>> {
     let key = event_loop.as_ptr() as usize;
     let hit = LAST.with(|l| match &*l.borrow() {
         Some((k, q)) if *k == key && !q.is_closed() => Some(q.clone()),
