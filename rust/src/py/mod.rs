@@ -2,6 +2,7 @@
 //! lives in the pyo3-free modules. Every awaitable runs its work in a tokio task, so a Rust
 //! panic becomes a `gnl.GnlError` instead of reaching the user.
 
+mod bridge;
 mod cron;
 mod errors;
 mod events;
@@ -80,37 +81,60 @@ fn ready<'py, T: IntoPyObject<'py>>(py: Python<'py>, value: T) -> PyResult<Bound
 
 /// Run `fut` on the tokio runtime and return an asyncio future for its result.
 ///
-/// The result is handed to the loop with `call_soon_threadsafe` from a native thread that
-/// enters Python through `with_python`; a panic becomes a `gnl.GnlError`. One tokio task a
-/// call: the panic is caught where `fut` is polled (`caught`), not by awaiting a second task
-/// (pyo3-async-runtimes' shape, which costs a task and a wake-up more per call).
+/// The result goes back through the loop's completion queue (`bridge`): the tokio task queues
+/// it as a Rust value and the loop thread converts it and sets the future, so no native thread
+/// takes the GIL. A loop without a queue (one that cannot watch a descriptor) gets it with
+/// `call_soon_threadsafe` from a native thread that enters Python through `with_python`. A
+/// panic becomes a `gnl.GnlError`. One tokio task a call: the panic is caught where `fut` is
+/// polled (`caught`), not by awaiting a second task (pyo3-async-runtimes' shape, which costs a
+/// task and a wake-up more per call).
 fn spawn<'py, F, T>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
 where
     F: Future<Output = Result<T, Error>> + Send + 'static,
     T: for<'a> IntoPyObject<'a> + Send + 'static,
 {
     let event_loop = cached(&GET_LOOP, py, "asyncio", "get_running_loop")?.call0()?;
-    let py_fut = event_loop.call_method0("create_future")?;
-    let resolve = cached(&RESOLVE, py, "gnl._bridge", "resolve")?.unbind();
-    let loop_ref = event_loop.unbind();
+    let py_fut = event_loop.call_method0(pyo3::intern!(py, "create_future"))?;
     let fut_ref = py_fut.clone().unbind();
     let rt = pyo3_async_runtimes::tokio::get_runtime();
+    if let Some(queue) = bridge::queue_of(py, &event_loop)? {
+        rt.spawn(async move {
+            let res = outcome(fut).await;
+            queue.push(fut_ref, Box::new(move |py| settle(py, res)));
+        });
+        return Ok(py_fut);
+    }
+    let resolve = cached(&RESOLVE, py, "gnl._bridge", "resolve")?.unbind();
+    let loop_ref = event_loop.unbind();
     rt.spawn(async move {
-        let res = match caught(fut).await {
-            Some(r) => r.map_err(to_py),
-            None => Err(internal("a task panicked")),
-        };
+        let res = outcome(fut).await;
         with_python(move |py| {
-            let (ok, value) = match res.and_then(|v| v.into_bound_py_any(py)) {
-                Ok(v) => (true, v.unbind()),
-                Err(e) => (false, e.into_value(py).into_any()),
-            };
+            let (ok, value) = settle(py, res);
             // A closed loop means nobody is waiting any more.
             let _ =
                 loop_ref.call_method1(py, "call_soon_threadsafe", (resolve, fut_ref, ok, value));
         });
     });
     Ok(py_fut)
+}
+
+/// `fut`'s result, its error or its panic as the Python error to raise (no GIL needed).
+async fn outcome<F, T>(fut: F) -> PyResult<T>
+where
+    F: Future<Output = Result<T, Error>>,
+{
+    match caught(fut).await {
+        Some(r) => r.map_err(to_py),
+        None => Err(internal("a task panicked")),
+    }
+}
+
+/// A call's outcome as Python: `(ok, value)`, the value being the exception when not ok.
+fn settle<T: for<'a> IntoPyObject<'a>>(py: Python<'_>, res: PyResult<T>) -> (bool, Py<PyAny>) {
+    match res.and_then(|v| v.into_bound_py_any(py)) {
+        Ok(v) => (true, v.unbind()),
+        Err(e) => (false, e.into_value(py).into_any()),
+    }
 }
 
 /// `fut`'s output, or None when polling it panicked (the panic is not propagated).
@@ -839,6 +863,7 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(default_retry_delay_ms, m)?)?;
     m.add_function(wrap_pyfunction!(quiesce, m)?)?;
     m.add_function(wrap_pyfunction!(panic_in_task, m)?)?;
+    bridge::register(m)?;
     cron::register(m)?;
     journal::register(m)?;
     scheduler::register(m)?;
