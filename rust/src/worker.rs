@@ -171,7 +171,7 @@ impl WorkerCore {
 
     /// Write waiting outcomes and claim up to `n` jobs, in one store call.
     pub async fn claim(&self, n: usize) -> Result<Vec<ClaimedJob>> {
-        claim(self.shared.clone(), n, true).await
+        claim(self.shared.clone(), n).await
     }
 
     /// `claim` at once on the calling thread, when the store can; `None`: use `claim`.
@@ -231,15 +231,11 @@ impl WorkerCore {
         flush(self.shared.clone())
     }
 
-    /// `claim`; with `carry` false it writes no outcomes (they wait for a later claim or the
-    /// writer): a claim sent while another one that carries outcomes is in flight, since
-    /// outcomes lock lease records without SKIP LOCKED and could wait on that claim.
     pub fn shared_claim(
         &self,
         n: usize,
-        carry: bool,
     ) -> impl std::future::Future<Output = Result<Vec<ClaimedJob>>> + Send + 'static {
-        claim(self.shared.clone(), n, carry)
+        claim(self.shared.clone(), n)
     }
 
     /// The store this worker claims from.
@@ -269,16 +265,12 @@ impl Drop for WorkerCore {
     }
 }
 
-async fn claim(s: Arc<Shared>, n: usize, carry: bool) -> Result<Vec<ClaimedJob>> {
+async fn claim(s: Arc<Shared>, n: usize) -> Result<Vec<ClaimedJob>> {
     if s.closed.load(Ordering::SeqCst) {
         return Err(Error::Closed);
     }
     let _write = s.writes.read().await;
-    let outcomes = if carry {
-        std::mem::take(&mut *s.pending.lock().unwrap())
-    } else {
-        Vec::new()
-    };
+    let outcomes = std::mem::take(&mut *s.pending.lock().unwrap());
     let mut req = s.req.clone();
     req.limit = n;
     req.probe = !s.full.load(Ordering::Relaxed);

@@ -673,11 +673,9 @@ impl NativeWorker {
     }
 
     /// Write waiting outcomes and claim up to `n` jobs:
-    /// `[(seq, token, org_id, id, type, payload_json, attempt)]`. With `carry` false no
-    /// outcomes are written (a second claim in flight).
-    #[pyo3(signature = (n, carry = true))]
-    fn claim<'py>(&self, py: Python<'py>, n: usize, carry: bool) -> PyResult<Bound<'py, PyAny>> {
-        let fut = self.core()?.shared_claim(n, carry);
+    /// `[(seq, token, org_id, id, type, payload_json, attempt)]`.
+    fn claim<'py>(&self, py: Python<'py>, n: usize) -> PyResult<Bound<'py, PyAny>> {
+        let fut = self.core()?.shared_claim(n);
         spawn(py, async move { Ok(py_jobs(fut.await?)) })
     }
 
