@@ -9,6 +9,12 @@ and ``uptime``'s load; then medians, on / off, and each variant against pgqueuer
 median, and the fairness of the last "on" drain of each shape.
 
     AB_ENV=GNL_AB_CARRY N=30000 R=5 .venv/bin/python benches/ab_drain_postgres.py
+
+A migration is measured with ``AB_SQL`` instead: a ``.sql`` file that the "off" drains run in
+their schema once gnl has migrated it (e.g. main's last ``gnl_claim``, so that "on" is the
+branch's functions and "off" main's):
+
+    AB_SQL=/tmp/main_0008.sql C=100 ORGS=50,1000 .venv/bin/python benches/ab_drain_postgres.py
 """
 
 from __future__ import annotations
@@ -16,9 +22,14 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
+from pathlib import Path
+from typing import Any
+
+import asyncpg
 
 import _common as c
 import _servers as s
+import gnl
 from bench_drain_postgres import (
     CONCURRENCY,
     ORGS,
@@ -33,6 +44,22 @@ from bench_drain_postgres import (
 )
 
 AB_ENV = os.environ.get("AB_ENV", "")
+AB_SQL = os.environ.get("AB_SQL", "")
+OFF_SQL = Path(AB_SQL).read_text() if AB_SQL else ""
+_connect = gnl.connect
+_on = True
+
+
+async def connect(url: str, **kw: Any) -> Any:
+    """gnl.connect; for an "off" drain under ``AB_SQL``, then the file's SQL in its schema."""
+    storage = await _connect(url, **kw)
+    if OFF_SQL and not _on:
+        conn = await asyncpg.connect(s.PG_URL, server_settings={"search_path": SCHEMA})
+        try:
+            await conn.execute(OFF_SQL)
+        finally:
+            await conn.close()
+    return storage
 
 
 def load() -> str:
@@ -41,7 +68,10 @@ def load() -> str:
 
 
 async def drain(jobs: list, conc: int, on: bool) -> tuple[float, list]:
-    os.environ[AB_ENV] = "1" if on else "0"
+    global _on
+    _on = on
+    if AB_ENV:
+        os.environ[AB_ENV] = "1" if on else "0"
     dt, order, _ = await gnl_drain(jobs, conc)
     return N / dt, order
 
@@ -92,10 +122,11 @@ async def run() -> None:
 
 
 async def main() -> None:
-    if not AB_ENV:
-        raise SystemExit("set AB_ENV to the switch to measure")
+    if not AB_ENV and not AB_SQL:
+        raise SystemExit("set AB_ENV to the switch to measure, or AB_SQL")
+    gnl.connect = connect  # type: ignore[assignment]
     c.header(
-        f"A/B {AB_ENV}=1/0: drain JSON-payload jobs on Postgres, one process",
+        f"A/B {AB_ENV or 'AB_SQL=' + AB_SQL}=1/0: drain JSON-payload jobs on Postgres, one process",
         anchor=False,
         N=N,
         R=R,
