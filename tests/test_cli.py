@@ -89,7 +89,10 @@ def test_every_command_happy_path(store_url: Callable[[], str]) -> None:
     rest = gnl_cmd("jobs", "list", "--all", "--json", "--limit", "1", "--cursor", cursor, env=env)
     ids = [json.loads(ln)["id"] for ln in (first.stdout + rest.stdout).splitlines()]
     assert sorted(ids) == sorted([LONG_ID, "p1"]), ids
-    shown = json.loads(gnl_cmd("jobs", "show", LONG_ID, "--org", "acme", "--json", env=env).output)
+    # --json is one JSON object per line (docs/deploy.md), for show as for the listings.
+    shown_out = gnl_cmd("jobs", "show", LONG_ID, "--org", "acme", "--json", env=env).output
+    assert len(shown_out.splitlines()) == 1, shown_out
+    shown = json.loads(shown_out)
     assert shown["state"] == "dead" and "kaput" in shown["last_error"]
     assert "kaput" in gnl_cmd("jobs", "show", LONG_ID, "--org", "acme", env=env).output
     r = gnl_cmd("jobs", "retry", LONG_ID, "--org", "acme", "--json", env=env)
@@ -101,7 +104,8 @@ def test_every_command_happy_path(store_url: Callable[[], str]) -> None:
     runs = [json.loads(ln) for ln in gnl_cmd("runs", "list", "--json", env=env).output.splitlines()]
     assert [(x["run_id"], x["state"]) for x in runs] == [("r1", "done")]
     assert "r1" in gnl_cmd("runs", "list", env=env).output
-    assert json.loads(gnl_cmd("runs", "show", "r1", "--json", env=env).output)["result"] == 7
+    run_out = gnl_cmd("runs", "show", "r1", "--json", env=env).output
+    assert len(run_out.splitlines()) == 1 and json.loads(run_out)["result"] == 7, run_out
     assert "done" in gnl_cmd("runs", "show", "r1", env=env).output
 
     # events
@@ -181,6 +185,8 @@ def test_bad_and_unreachable_urls(args: tuple[str, ...]) -> None:
     assert gnl_cmd(*args).exit_code == 2
     bad = one_line_error(gnl_cmd(*args, "--url", "redis://127.0.0.1/0"), 2)
     assert "InvalidArgumentError" in bad and "redis" in bad
+    # The message lists every accepted form, mariadb:// too (docs/engines.md).
+    assert "mysql://" in bad and "mariadb://" in bad
     away = one_line_error(gnl_cmd(*args, "--url", "postgres://postgres@127.0.0.1:1/test"), 1)
     assert "StoreUnavailableError" in away
 
@@ -194,6 +200,27 @@ def test_outdated_schema_names_gnl_upgrade(args: tuple[str, ...], tmp_path: Path
     missing = tmp_path / "missing.db"
     err = one_line_error(gnl_cmd(*args, "--url", f"sqlite:///{missing}"), 1)
     assert "gnl upgrade" in err and not missing.exists()
+
+
+def test_an_empty_database_is_said_to_hold_no_store(store_url: Callable[[], str]) -> None:
+    # A database gnl has never upgraded: the message says there is no store yet and names the
+    # engine whose schema version it counts (each engine numbers its own migrations).
+    url = store_url()
+    err = one_line_error(gnl_cmd("jobs", "list", "--url", url), 1)
+    if url.startswith("sqlite"):
+        assert "no SQLite store" in err and "gnl upgrade" in err
+    else:
+        engine = "Postgres" if url.startswith("postgres") else "MySQL"
+        assert "SchemaOutdatedError" in err and "holds no gnl store yet" in err, err
+        assert f"needs {engine} schema" in err and "gnl upgrade" in err, err
+
+
+def test_a_store_in_a_missing_directory_names_the_directory(tmp_path: Path) -> None:
+    # The hint must not send the user to `gnl upgrade`, which refuses a missing directory.
+    url = f"sqlite:///{tmp_path}/nowhere/x.db"
+    err = one_line_error(gnl_cmd("jobs", "list", "--url", url), 1)
+    assert "nowhere" in err and "does not exist" in err and "create the directory" in err, err
+    assert not (tmp_path / "nowhere").exists()
 
 
 def test_studio_and_demo_error_paths(tmp_path: Path) -> None:
@@ -311,3 +338,12 @@ def test_every_command_has_help_with_an_example(args: tuple[str, ...]) -> None:
 )
 def test_usage_errors_are_one_line_exit_2(args: tuple[str, ...], msg: str, tmp_path: Path) -> None:
     assert msg in one_line_error(gnl_cmd(*args), 2)
+
+
+@pytest.mark.parametrize("command", ["studio", "upgrade"])
+def test_an_optional_url_reads_optional_in_the_help(command: str) -> None:
+    # URL or --url/GNL_URL: the usage line must not make URL look required, and the help
+    # shows no reStructuredText markup.
+    out = gnl_cmd(command, "--help").output
+    assert f"gnl {command} [OPTIONS] [URL]" in out, out
+    assert "``" not in out, out

@@ -114,6 +114,13 @@ def _need_store(url: str | None) -> str:
     target = _need_url(url)
     path = _sqlite_file(target)
     if path and not os.path.exists(path):
+        folder = os.path.dirname(path)
+        if folder and not os.path.isdir(folder):
+            _fail(
+                f"no SQLite store at {path!r} (from {target}): its directory {folder!r} does not"
+                " exist; create the directory, then the store with gnl upgrade",
+                1,
+            )
         _fail(f"no SQLite store at {path!r} (from {target}); create it with gnl upgrade", 1)
     return target
 
@@ -233,7 +240,7 @@ def cli() -> None:
 @cli.command(
     epilog=_ex("gnl upgrade sqlite:///jobs.db", "GNL_URL=postgres://app@db/app gnl upgrade --json")
 )
-@click.argument("url_arg", metavar="URL", required=False)
+@click.argument("url_arg", metavar="[URL]", required=False)
 @_url_option
 @_json_option
 def upgrade(url_arg: str | None, url: str | None, as_json: bool) -> None:
@@ -487,7 +494,7 @@ def jobs_show(job_id: str, url: str | None, org: str | None, as_json: bool) -> N
     if job is None:
         _fail(f"no job {job_id!r} " + (f"in org {org!r}" if org else "without organization"), 1)
     if as_json:
-        click.echo(json.dumps(_job_dict(job), ensure_ascii=False, indent=2))
+        click.echo(json.dumps(_job_dict(job), ensure_ascii=False))
         return
     console = Console()
     table = Table(show_header=False, box=None, pad_edge=False)
@@ -663,7 +670,7 @@ def runs_show(run_id: str, url: str | None, as_json: bool) -> None:
     if run is None:
         _fail(f"no run {run_id!r}", 1)
     if as_json:
-        click.echo(json.dumps(_run_dict(run), ensure_ascii=False, indent=2))
+        click.echo(json.dumps(_run_dict(run), ensure_ascii=False))
         return
     console = Console()
     head = Table(show_header=False, box=None, pad_edge=False)
@@ -761,7 +768,7 @@ def runs_resolve(
         "gnl studio --url postgres://app@db/app --host 0.0.0.0 --token VIEWER --admin-token ADMIN",
     )
 )
-@click.argument("url_arg", metavar="URL", required=False)
+@click.argument("url_arg", metavar="[URL]", required=False)
 @_url_option
 @click.option("--host", default="127.0.0.1", show_default=True, help="The address to bind.")
 @click.option("--port", default=8484, show_default=True, type=click.IntRange(1, 65535))
@@ -802,7 +809,7 @@ def studio(
     audit_log: str | None,
     allow_hosts: tuple[str, ...],
 ) -> None:
-    """Serve Studio, the web dashboard of the store at URL (needs ``pip install gnl[studio]``).
+    """Serve Studio, the web dashboard of the store at URL (needs pip install 'gnl[studio]').
 
     It binds 127.0.0.1 unless --host says otherwise, and refuses any other address without a
     token. With no token, everyone who can reach the loopback address is admin.

@@ -72,9 +72,17 @@ impl fmt::Display for Error {
                 Some(c) => write!(f, "store error ({c}): {message}"),
                 None => write!(f, "store error: {message}"),
             },
+            // Schema versions count each engine's own migrations (SQLite, Postgres and MySQL
+            // differ), so the message names the engine.
+            Error::SchemaOutdated { found: 0, expected, url } => write!(
+                f,
+                "this database holds no gnl store yet (schema version 0; this package needs {} schema {expected}): create it with `gnl upgrade {url}`",
+                engine_of(url)
+            ),
             Error::SchemaOutdated { found, expected, url } => write!(
                 f,
-                "the store's gnl schema is version {found}, this package needs {expected}: run `gnl upgrade {url}`"
+                "the store's gnl schema is version {found}, this package needs {} schema {expected}: run `gnl upgrade {url}`",
+                engine_of(url)
             ),
             Error::SchemaTooNew { found, expected } => write!(
                 f,
@@ -84,6 +92,17 @@ impl fmt::Display for Error {
             Error::Closed => f.write_str("this storage is closed"),
             Error::Abandoned => f.write_str("the call was abandoned before its last part"),
         }
+    }
+}
+
+/// The engine a (redacted) store URL names, for messages.
+fn engine_of(url: &str) -> &'static str {
+    if url.starts_with("postgres") {
+        "Postgres"
+    } else if url.starts_with("mysql") || url.starts_with("mariadb") {
+        "MySQL"
+    } else {
+        "SQLite"
     }
 }
 

@@ -16,7 +16,7 @@ pub enum Target {
 }
 
 const ACCEPTED: &str =
-    "sqlite:///relative/path.db, sqlite:////absolute/path.db, sqlite::memory:, postgres://..., postgresql://..., mysql://...";
+    "sqlite:///relative/path.db, sqlite:////absolute/path.db, sqlite::memory:, postgres://..., postgresql://..., mysql://..., mariadb://...";
 
 /// A query parameter whose value is a secret: `password`, `sslpassword` (libpq), and any
 /// key naming a password, secret or token, in any case.
