@@ -43,6 +43,8 @@ pub enum Error {
         found: i64,
         expected: i64,
         url: String,
+        /// The engine whose migrations the versions count (`Store::backend`).
+        backend: &'static str,
     },
     /// The store's schema is newer than this package.
     SchemaTooNew { found: i64, expected: i64 },
@@ -74,15 +76,15 @@ impl fmt::Display for Error {
             },
             // Schema versions count each engine's own migrations (SQLite, Postgres and MySQL
             // differ), so the message names the engine.
-            Error::SchemaOutdated { found: 0, expected, url } => write!(
+            Error::SchemaOutdated { found: 0, expected, url, backend } => write!(
                 f,
                 "this database holds no gnl store yet (schema version 0; this package needs {} schema {expected}): create it with `gnl upgrade {url}`",
-                engine_of(url)
+                engine_name(backend)
             ),
-            Error::SchemaOutdated { found, expected, url } => write!(
+            Error::SchemaOutdated { found, expected, url, backend } => write!(
                 f,
                 "the store's gnl schema is version {found}, this package needs {} schema {expected}: run `gnl upgrade {url}`",
-                engine_of(url)
+                engine_name(backend)
             ),
             Error::SchemaTooNew { found, expected } => write!(
                 f,
@@ -95,14 +97,13 @@ impl fmt::Display for Error {
     }
 }
 
-/// The engine a (redacted) store URL names, for messages.
-fn engine_of(url: &str) -> &'static str {
-    if url.starts_with("postgres") {
-        "Postgres"
-    } else if url.starts_with("mysql") || url.starts_with("mariadb") {
-        "MySQL"
-    } else {
-        "SQLite"
+/// A backend's name (`Store::backend`) as messages spell it.
+fn engine_name(backend: &str) -> &str {
+    match backend {
+        "postgres" => "Postgres",
+        "mysql" => "MySQL",
+        "sqlite" => "SQLite",
+        other => other,
     }
 }
 
@@ -276,8 +277,10 @@ mod tests {
             found: 0,
             expected: 1,
             url: "sqlite:///x.db".into(),
+            backend: "sqlite",
         };
         assert!(e.to_string().contains("gnl upgrade sqlite:///x.db"));
+        assert!(e.to_string().contains("needs SQLite schema 1"));
     }
 
     #[test]

@@ -230,6 +230,7 @@ async fn open_once(url: &str, max_connections: u32, create: bool) -> Result<Arc<
                 found: 0,
                 expected: latest,
                 url: url::redact(url),
+                backend: store.backend(),
             })
         }
         Some(v) if v < latest => {
@@ -237,6 +238,7 @@ async fn open_once(url: &str, max_connections: u32, create: bool) -> Result<Arc<
                 found: v,
                 expected: latest,
                 url: url::redact(url),
+                backend: store.backend(),
             })
         }
         Some(v) if v > latest => {
