@@ -1084,3 +1084,53 @@ async def test_a_plain_function_is_refused_as_a_handler_and_nothing_runs(
         assert isinstance(gnl.create_worker(storage, {"t": good}), gnl.Worker)
     assert (await gnl.create_worker(storage, {"t": AsyncCallable()}).drain()).succeeded == 1
     assert effects == ["callable ran"]
+
+
+class _CountingClaims:
+    """A worker's native half that counts its claims in flight (the most at once)."""
+
+    def __init__(self, native: Any) -> None:
+        self._native = native
+        self.out = 0
+        self.most = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._native, name)
+
+    def claim(self, n: int, carry: bool = True, per_org: int = 0) -> Any:
+        fut = self._native.claim(n, carry, per_org)
+        self.out += 1
+        self.most = max(self.most, self.out)
+
+        async def answer() -> Any:
+            try:
+                return await fut
+            finally:
+                self.out -= 1
+
+        return answer()
+
+
+async def test_short_handlers_keep_a_second_claim_in_flight_on_postgres(
+    storage: gnl.Storage,
+) -> None:
+    # White-box (the worker's native half): 50 organizations, C=10, handlers shorter than a
+    # claim. On Postgres the next claim goes out while the last one is in flight (two claims
+    # with SKIP LOCKED take different lanes); elsewhere one claim is in flight at a time.
+    # Every job runs once either way.
+    await gnl.enqueue_many(
+        storage,
+        [{"type": "t", "payload": i, "options": {"org_id": f"o{i % 50}"}} for i in range(2_000)],
+    )
+    ran: list[int] = []
+
+    async def handler(payload: Any, ctx: gnl.JobContext) -> None:
+        ran.append(payload)
+
+    worker = gnl.create_worker(storage, {"t": handler}, concurrency=10)
+    counting = _CountingClaims(worker._ensure_native())
+    worker._native = counting  # type: ignore[assignment]
+    result = await worker.drain()
+    assert result.processed == 2_000
+    assert sorted(ran) == list(range(2_000))
+    assert counting.most == (2 if storage.backend == "postgres" else 1)

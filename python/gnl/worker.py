@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
 from dataclasses import dataclass
 from types import CoroutineType, TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import _native, _wake, durable
 from ._callables import require_async
@@ -50,6 +50,25 @@ _STORE_AWAY_MAX_MS = 2_000
 # connection, so that the next claim (which the worker awaits) does not write them
 # (docs/DECISIONS.md "Queue": Outcomes).
 _CARRY_MAX = 32
+# After a second claim in flight that met the first one's lanes, this many claims go out alone.
+_ALONE = 16
+
+
+class _Claim(NamedTuple):
+    """A claim in flight: its answer, how many it asked, when it went out, the wake-up
+    version read before it, whether it carries outcomes, whether it went out second."""
+
+    fut: Awaitable[list[ClaimedJob]]
+    asked: int
+    t0: float
+    seen: int
+    carry: bool
+    second: bool
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,6 +337,8 @@ class Worker:
         self._claim_s = 0.0
         self._at_once = False  # the last claim ran at once on this thread (claim_now)
         self._late = False  # a handler outlasted a claim while a pair waited for it
+        self._spread = False  # the last claim came back full with one job an organization
+        self._alone = 0  # claims to send alone (no second claim in flight) before another
         self._ends = 0  # handler runs ended
         self._counts = [0, 0, 0]  # processed, succeeded, failed
         # The task that runs pairs of jobs inline (`_run_pairs`), and its timer for a handler
@@ -575,109 +596,189 @@ class Worker:
         interval = self.poll_ms
         backoff = self.poll_ms
         busy_wait = 0.005
-        while drain or not self._stopping:
-            if self._runner is not None and not self._late:
-                # Pairs run inline (`_run_pairs`): it wakes this loop when it ends, or when
-                # its handler outlasts a few claims (the next job is claimed ahead then).
-                await self._wait_slot()
-                continue
-            pairing = self._pairs() and not self._late
-            want = self._want(pairing)
-            if want <= 0:
-                self._fill()
-                if pairing and self._tasks:
-                    # Waiting to claim a pair: a handler that outlasts a few claims (or 2 ms,
-                    # a loaded machine's pause) gets the next job claimed ahead.
-                    self._late = not await self._wait_slot(max(4 * self._claim_s, 0.002))
-                else:
-                    await self._wait_slot()
-                continue
-            self._late = False
-            self._claiming = True
-            self._since_claim = 0
-            t0 = loop.time()
-            # Read before the claim looks: a job enqueued after it wakes the sleep below.
-            seen = _wake.version(self._storage._native, "jobs")
-            try:
-                # With at most one handler running (little for the loop to do meanwhile): at once on
-                # this thread when the store can (a SQLite file whose locks are free: one
-                # transaction, no hops between threads). Else the claim goes out first (a
-                # native task), then the jobs of the last one start while it runs.
-                now = native.claim_now(want) if len(self._tasks) <= 1 else None
-                self._at_once = now is not None
-                if now is not None:
-                    self._fill()
-                    jobs = now
-                else:
-                    claimed = native.claim(want)
-                    self._fill()
-                    jobs = await claimed
-            except GnlError as e:
-                if drain:
-                    raise
-                # One backoff for every failed claim; an unavailable store is a warning, any
-                # other store error an error.
-                if isinstance(e, StoreUnavailableError):
-                    log.warning(
-                        "gnl worker %s: store unavailable, retrying in %d ms: %s",
-                        self.name,
-                        backoff,
-                        e,
-                    )
-                else:
-                    log.error(
-                        "gnl worker %s: claim failed, retrying in %d ms: %s", self.name, backoff, e
-                    )
-                # Back in a second or two when the store returns (docs/DECISIONS.md "Queue"):
-                # the cap is short, and while the store is away a wake-up ends the sleep (the
-                # Postgres listener wakes every topic when it reconnects). Another error waits
-                # its backoff out: wake-ups from a busy store would make it a retry storm.
-                if isinstance(e, StoreUnavailableError) and not self._stopping:
-                    self._wake.clear()
-                    await _wake.sleep(self._storage._native, "jobs", seen, backoff, self._wake)
-                else:
-                    await self._sleep(backoff)
-                backoff = min(backoff * 2, max(self.max_poll_ms, _STORE_AWAY_MAX_MS))
-                continue
-            finally:
-                self._claiming = False
-            self._claimed(loop.time() - t0)
-            backoff = self.poll_ms
-            if jobs:
-                interval = self.poll_ms
-                busy_wait = 0.005
-                self._ready.extend(jobs)
-                if pairing and now is not None and self._runner is None and not self._tasks:
-                    self._runner = loop.create_task(self._run_pairs())
-                continue
-            if not drain:
-                # No claim follows at once: the outcomes that waited for one are written now.
-                native.kick()
-                self._wake.clear()
-                if self._stopping:
+        # Claims in flight, in send order (at most two: see ``_second``).
+        out: deque[_Claim] = deque()
+        try:
+            while drain or not self._stopping:
+                if not out:
+                    if self._runner is not None and not self._late:
+                        # Pairs run inline (`_run_pairs`): it wakes this loop when it ends, or
+                        # when its handler outlasts a few claims (the next job is claimed ahead).
+                        await self._wait_slot()
+                        continue
+                    pairing = self._pairs() and not self._late
+                    want = self._want(pairing)
+                    if want <= 0:
+                        self._fill()
+                        if pairing and self._tasks:
+                            # Waiting to claim a pair: a handler that outlasts a few claims (or
+                            # 2 ms, a loaded machine's pause) gets the next job claimed ahead.
+                            self._late = not await self._wait_slot(max(4 * self._claim_s, 0.002))
+                        else:
+                            await self._wait_slot()
+                        continue
+                    self._late = False
+                self._claiming = True
+                now = None
+                try:
+                    if not out:
+                        self._since_claim = 0
+                        # Read before the claim looks: a job enqueued after it wakes the sleep
+                        # below.
+                        seen = _wake.version(self._storage._native, "jobs")
+                        t0 = loop.time()
+                        # With at most one handler running (little for the loop to do
+                        # meanwhile): at once on this thread when the store can (a SQLite file
+                        # whose locks are free: one transaction, no hops between threads).
+                        # Else the claim goes out first (a native task), then the jobs of the
+                        # last one start while it runs.
+                        now = native.claim_now(want) if len(self._tasks) <= 1 else None
+                        self._at_once = now is not None
+                        if now is None:
+                            out.append(_Claim(native.claim(want), want, t0, seen, True, False))
+                        self._fill()
+                    if now is None:
+                        self._fill()
+                        second = self._second(out)
+                        if second:
+                            # Carries outcomes only when the one in flight carries none.
+                            carry = not out[0].carry
+                            if carry:
+                                self._since_claim = 0
+                            seen2 = _wake.version(self._storage._native, "jobs")
+                            # One job an organization: the lanes the one in flight holds
+                            # are skipped, and the few left must not split the whole batch.
+                            claim = native.claim(second, carry, 1)
+                            out.append(_Claim(claim, second, loop.time(), seen2, carry, True))
+                            self._fill()
+                        c = out.popleft()
+                        jobs = await c.fut
+                        want, t0, seen = c.asked, c.t0, c.seen
+                        self._spread_after(c, jobs)
+                    else:
+                        jobs = now
+                except GnlError as e:
+                    # The other claims in flight: their jobs are claimed ahead all the same.
+                    await self._collect(out)
+                    if drain:
+                        raise
+                    # One backoff for every failed claim; an unavailable store is a warning,
+                    # any other store error an error.
+                    if isinstance(e, StoreUnavailableError):
+                        log.warning(
+                            "gnl worker %s: store unavailable, retrying in %d ms: %s",
+                            self.name,
+                            backoff,
+                            e,
+                        )
+                    else:
+                        log.error(
+                            "gnl worker %s: claim failed, retrying in %d ms: %s",
+                            self.name,
+                            backoff,
+                            e,
+                        )
+                    # Back in a second or two when the store returns (docs/DECISIONS.md
+                    # "Queue"): the cap is short, and while the store is away a wake-up ends
+                    # the sleep (the Postgres listener wakes every topic when it reconnects).
+                    # Another error waits its backoff out: wake-ups from a busy store would
+                    # make it a retry storm.
+                    if isinstance(e, StoreUnavailableError) and not self._stopping:
+                        self._wake.clear()
+                        await _wake.sleep(self._storage._native, "jobs", seen, backoff, self._wake)
+                    else:
+                        await self._sleep(backoff)
+                    backoff = min(backoff * 2, max(self.max_poll_ms, _STORE_AWAY_MAX_MS))
                     continue
-                if await _wake.sleep(self._storage._native, "jobs", seen, interval, self._wake):
-                    # A wake-up: something was enqueued; the backoff starts over. Off SQLite
-                    # the claim skips the probe (a woken herd's claims do not queue on a
-                    # write lock there).
+                finally:
+                    self._claiming = bool(out)
+                self._claimed(loop.time() - t0)
+                backoff = self.poll_ms
+                if jobs:
                     interval = self.poll_ms
-                    if self._storage.backend != "sqlite":
-                        native.expect_jobs()
+                    busy_wait = 0.005
+                    self._ready.extend(jobs)
+                    if pairing and now is not None and self._runner is None and not self._tasks:
+                        self._runner = loop.create_task(self._run_pairs())
+                    continue
+                if out:
+                    continue  # the next claim in flight may bring some
+                if not drain:
+                    # No claim follows at once: the outcomes that waited for one are written now.
+                    native.kick()
+                    self._wake.clear()
+                    if self._stopping:
+                        continue
+                    if await _wake.sleep(self._storage._native, "jobs", seen, interval, self._wake):
+                        # A wake-up: something was enqueued; the backoff starts over. Off
+                        # SQLite the claim skips the probe (a woken herd's claims do not queue
+                        # on a write lock there).
+                        interval = self.poll_ms
+                        if self._storage.backend != "sqlite":
+                            native.expect_jobs()
+                    else:
+                        interval = min(interval * 2, self.max_poll_ms)
+                elif self._tasks or self._ready:
+                    # A handler that fails may make its job due again: look once it has ended.
+                    await self._wait_slot()
+                elif await native.flush():
+                    # Outcomes that were still waiting (a failed attempt may be due again).
+                    continue
+                elif await native.has_due():
+                    # An empty claim while some lane is due met lanes that concurrent claims
+                    # (other workers, Postgres/MySQL SKIP LOCKED) held: try again shortly.
+                    await asyncio.sleep(busy_wait)
+                    busy_wait = min(busy_wait * 2, 0.2)
                 else:
-                    interval = min(interval * 2, self.max_poll_ms)
-            elif self._tasks or self._ready:
-                # A handler that fails may make its job due again: look once it has ended.
-                await self._wait_slot()
-            elif await native.flush():
-                # Outcomes that were still waiting (a failed attempt may be due again).
-                continue
-            elif await native.has_due():
-                # An empty claim while some lane is due met lanes that concurrent claims
-                # (other workers, Postgres/MySQL SKIP LOCKED) held: try again shortly.
-                await asyncio.sleep(busy_wait)
-                busy_wait = min(busy_wait * 2, 0.2)
-            else:
-                return
+                    return
+        finally:
+            # Stopping with a claim still in flight: its jobs are claimed ahead (stop() runs
+            # them, a cancelled one fails them). A cancelled drain() leaves them to lapse.
+            if out and not _cancelling():
+                await self._collect(out)
+            self._claiming = False
+
+    def _second(self, out: deque[_Claim]) -> int:
+        """How many jobs a second claim in flight asks for (0: none goes out). Postgres, two
+        slots or more, handlers shorter than a claim, and the last claim came back full with
+        one job an organization: more lanes are likely due beyond those the one in flight
+        holds (it skips them: SKIP LOCKED), so while its round trip and the handlers run the
+        store works on the next. It asks for the slots the two claims keep busy, less the
+        jobs claimed ahead and those the one in flight asked for."""
+        c = self.concurrency
+        hold = self._hold_s
+        if (
+            len(out) != 1
+            or not self._spread
+            or c < 2
+            or self._stopping
+            or hold is None
+            or hold > self._claim_s
+            or self._storage.backend != "postgres"
+        ):
+            return 0
+        if self._alone:
+            self._alone -= 1
+            return 0
+        return max(0, min(c, 2 * c - len(self._ready) - out[0].asked))
+
+    def _spread_after(self, c: _Claim, jobs: list[ClaimedJob]) -> None:
+        """A claim came back: whether it was full with one job an organization (a second
+        claim may follow it). A second claim that came back short, or with two jobs of one
+        organization, met the lanes the first one held: the next claims go out alone."""
+        n = len(jobs)
+        self._spread = n == c.asked and len({j[2] for j in jobs}) == n
+        if c.second and not self._spread:
+            self._alone = _ALONE
+
+    async def _collect(self, out: deque[_Claim]) -> None:
+        """Await the claims in flight; their jobs are claimed ahead (a failed one's are none)."""
+        while out:
+            c = out.popleft()
+            try:
+                self._ready.extend(await c.fut)
+            except GnlError:
+                pass
 
     def _claimed(self, dt: float) -> None:
         """A claim took ``dt`` seconds: the moving average of claim times."""

@@ -410,6 +410,11 @@ pub struct ClaimRequest {
     /// due or any lease expired (the empty poll). False skips that read, e.g. when the last
     /// claim came back full: jobs are likely due, and the claim is one statement less.
     pub probe: bool,
+    /// At most this many jobs an organization (0: no cap; the batch is split among the
+    /// lanes in turn). A claim sent while another claim of the same worker is in flight
+    /// asks 1: the lanes that claim holds are skipped, and uncapped, the few lanes left would
+    /// split the whole batch.
+    pub per_org: usize,
 }
 
 /// The end of one attempt, written conditionally on (seq, token). `org` is the job's

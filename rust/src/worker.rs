@@ -171,7 +171,7 @@ impl WorkerCore {
 
     /// Write waiting outcomes and claim up to `n` jobs, in one store call.
     pub async fn claim(&self, n: usize) -> Result<Vec<ClaimedJob>> {
-        claim(self.shared.clone(), n).await
+        claim(self.shared.clone(), n, true, 0).await
     }
 
     /// `claim` at once on the calling thread, when the store can; `None`: use `claim`.
@@ -231,11 +231,17 @@ impl WorkerCore {
         flush(self.shared.clone())
     }
 
+    /// `claim`; with `carry` false it writes no outcomes (they wait for a later claim or the
+    /// writer): a claim sent while another one that carries outcomes is in flight, since
+    /// outcomes lock lease records without SKIP LOCKED and could wait on that claim. At most
+    /// `per_org` jobs an organization (0: no cap, `ClaimRequest::per_org`).
     pub fn shared_claim(
         &self,
         n: usize,
+        carry: bool,
+        per_org: usize,
     ) -> impl std::future::Future<Output = Result<Vec<ClaimedJob>>> + Send + 'static {
-        claim(self.shared.clone(), n)
+        claim(self.shared.clone(), n, carry, per_org)
     }
 
     /// The store this worker claims from.
@@ -265,14 +271,19 @@ impl Drop for WorkerCore {
     }
 }
 
-async fn claim(s: Arc<Shared>, n: usize) -> Result<Vec<ClaimedJob>> {
+async fn claim(s: Arc<Shared>, n: usize, carry: bool, per_org: usize) -> Result<Vec<ClaimedJob>> {
     if s.closed.load(Ordering::SeqCst) {
         return Err(Error::Closed);
     }
     let _write = s.writes.read().await;
-    let outcomes = std::mem::take(&mut *s.pending.lock().unwrap());
+    let outcomes = if carry {
+        std::mem::take(&mut *s.pending.lock().unwrap())
+    } else {
+        Vec::new()
+    };
     let mut req = s.req.clone();
     req.limit = n;
+    req.per_org = per_org;
     req.probe = !s.full.load(Ordering::Relaxed);
     let sent = Instant::now();
     let r = store::claim(s.store.as_ref(), &outcomes, &req).await;

@@ -659,6 +659,7 @@ impl NativeWorker {
             max_attempts,
             types: types.clone(),
             probe: true,
+            per_org: 0,
         };
         Ok(NativeWorker {
             types,
@@ -673,9 +674,18 @@ impl NativeWorker {
     }
 
     /// Write waiting outcomes and claim up to `n` jobs:
-    /// `[(seq, token, org_id, id, type, payload_json, attempt)]`.
-    fn claim<'py>(&self, py: Python<'py>, n: usize) -> PyResult<Bound<'py, PyAny>> {
-        let fut = self.core()?.shared_claim(n);
+    /// `[(seq, token, org_id, id, type, payload_json, attempt)]`. With `carry` false no
+    /// outcomes are written (a second claim in flight); at most `per_org` jobs an
+    /// organization (0: no cap).
+    #[pyo3(signature = (n, carry = true, per_org = 0))]
+    fn claim<'py>(
+        &self,
+        py: Python<'py>,
+        n: usize,
+        carry: bool,
+        per_org: usize,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let fut = self.core()?.shared_claim(n, carry, per_org);
         spawn(py, async move { Ok(py_jobs(fut.await?)) })
     }
 

@@ -92,6 +92,18 @@ pub(crate) fn orgs_in_turn<O: Ord + Clone, T: Ord>(
     out
 }
 
+/// The share of a claim of `limit` jobs that the `i`-th of `n` organizations in turn gets: an
+/// equal share, the first ones the rest, at most `per_org` when that is not 0
+/// (`ClaimRequest::per_org`). Postgres computes the same in `gnl_claim` (migration 0009).
+pub(crate) fn share(limit: usize, n: usize, i: usize, per_org: usize) -> usize {
+    let even = limit / n + usize::from(i < limit % n);
+    if per_org > 0 {
+        even.min(per_org)
+    } else {
+        even
+    }
+}
+
 /// What the queue asks of a database. All instants are the store's clock (epoch ms).
 #[async_trait]
 pub trait QueueStore: Send + Sync {

@@ -12,7 +12,7 @@ use sqlx::Row;
 use super::{is_syntax_error, opt_text, plan, text, MysqlStore, Sql};
 use crate::error::{Error, Result};
 use crate::model::*;
-use crate::store::queue::{job_counts, marks, orgs_in_turn, JOB_COLS};
+use crate::store::queue::{job_counts, marks, orgs_in_turn, share, JOB_COLS};
 use crate::store::QueueStore;
 
 /// The most jobs one claim takes.
@@ -623,7 +623,7 @@ impl QueueStore for MysqlStore {
                 // the rest; an organization's share goes to its earliest due jobs of its lanes
                 // (each lane read for at most the share).
                 let n = orgs.len();
-                let share = |i: usize| (limit / n + usize::from(i < limit % n)) as i64;
+                let share = |i: usize| share(limit, n, i, req.per_org) as i64;
                 let lanes: Vec<(&[u8], &[u8], i64)> = orgs
                     .iter()
                     .enumerate()

@@ -59,13 +59,13 @@ pub(super) const PRECHECK: &str = concat!(
 
 /// A claim in one round trip (`gnl_claim`, migration 0002): outcomes (done: $1-$3 and $13
 /// orgs, failed: $4-$7 and $14 orgs), then, when $8, expired leases, then up to $9 due jobs, lanes in turn, claimed with
-/// max_attempts $10, a lease of $11 ms and holder $12 ($9 = 0: no claim). Each outcome is
+/// max_attempts $10, a lease of $11 ms and holder $12 ($9 = 0: no claim), of the types $15, at most $16 an organization (0: no cap; migration 0009). Each outcome is
 /// conditional on (seq, token, state running), so a stale holder's late outcome changes
 /// nothing. Called as one statement it is one transaction; inside it every statement takes a
 /// fresh snapshot, so the job claim (after the lane pick) sees every job committed before the
 /// lanes were locked (see the migration).
 const CLAIM: &str = "SELECT seq, lease_token, org, id, type, payload, attempts, run_at \
-     FROM gnl_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)";
+     FROM gnl_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)";
 
 /// The jobs of an enqueue from six arrays ($1 org, $2 id, $3 type, $4 payload, $5 run_at,
 /// $6 delay_ms); an id already present is skipped. A job due at the server's clock (no
@@ -341,14 +341,15 @@ impl PostgresStore {
                 }
             }
         }
-        let (max_attempts, ttl_ms, owner, types) = match req {
+        let (max_attempts, ttl_ms, owner, types, per_org) = match req {
             Some(r) => (
                 r.max_attempts,
                 r.ttl_ms,
                 pg_text(&r.owner),
                 r.types.as_slice(),
+                r.per_org as i64,
             ),
-            None => (0, 0, Cow::Borrowed(""), &[][..]),
+            None => (0, 0, Cow::Borrowed(""), &[][..], 0),
         };
         self.counted(1);
         let rows = sqlx::query(CLAIM)
@@ -367,6 +368,7 @@ impl PostgresStore {
             .bind(d_org)
             .bind(f_org)
             .bind(types)
+            .bind(per_org)
             .fetch_all(&self.pool)
             .await?;
         Ok(rows

@@ -12,7 +12,9 @@ use super::raw::{Db, Val};
 use super::{SqliteStore, Tx};
 use crate::error::{Error, Result};
 use crate::model::*;
-use crate::store::queue::{job_counts, job_row, marks, orgs_in_turn, ReclaimThrottle, JOB_COLS};
+use crate::store::queue::{
+    job_counts, job_row, marks, orgs_in_turn, share, ReclaimThrottle, JOB_COLS,
+};
 use crate::store::QueueStore;
 
 /// Whether a lane of one of `types` has a due job: a lane in the turn, or a waiting lane whose
@@ -447,7 +449,7 @@ pub(super) fn claim_tx(
                 Some((org, t)) => (
                     Val::from(org),
                     t.as_slice(),
-                    (req.limit / n + usize::from(at < req.limit % n)) as i64,
+                    share(req.limit, n, at, req.per_org) as i64,
                 ),
                 None => (Val::Null, &[][..], 0),
             };

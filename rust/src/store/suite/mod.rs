@@ -283,6 +283,7 @@ pub(crate) fn req(limit: usize, ttl_ms: i64) -> ClaimRequest {
         max_attempts: 2,
         types: vec!["t".into()],
         probe: true,
+        per_org: 0,
     }
 }
 

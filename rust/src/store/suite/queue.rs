@@ -15,6 +15,7 @@ on_every_engine! {
     store: [
         lanes_are_served_in_turn,
         lanes_alternate_however_fast_the_claims,
+        a_claim_takes_at_most_per_org_jobs_an_organization,
         a_batch_takes_lanes_in_turn_and_each_lane_in_order,
         a_claim_without_the_probe_claims_the_same,
         an_empty_poll_is_one_query_whatever_the_lanes,
@@ -83,6 +84,27 @@ pub async fn lanes_are_served_in_turn(s: Arc<dyn Store>) {
     let got = s.claim(&[], &req(3, 60_000)).await.unwrap();
     let ids: Vec<&str> = got.iter().map(|j| j.id.as_str()).collect();
     assert_eq!(ids, vec!["b1", "b2", "b3"]);
+}
+
+/// `ClaimRequest::per_org` caps each organization's share of a claim (a worker's claim sent
+/// while another is in flight asks 1): the batch is not split among the few lanes left.
+pub async fn a_claim_takes_at_most_per_org_jobs_an_organization(s: Arc<dyn Store>) {
+    let jobs: Vec<NewJob> = (0..15)
+        .map(|i| job(["a", "b", "c"][i % 3], &format!("j{i}")))
+        .collect();
+    s.enqueue(&jobs).await.unwrap();
+    let ask = |per_org| ClaimRequest {
+        per_org,
+        ..req(10, 60_000)
+    };
+    let one = s.claim(&[], &ask(1)).await.unwrap();
+    assert_eq!(ids(&one), vec!["j0", "j1", "j2"]);
+    let two = s.claim(&[], &ask(2)).await.unwrap();
+    let per: Vec<usize> = ids_per_org(&two).values().map(Vec::len).collect();
+    assert_eq!((two.len(), per), (6, vec![2, 2, 2]));
+    // No cap: the whole batch over the lanes (6 jobs were left).
+    let rest = s.claim(&[], &ask(0)).await.unwrap();
+    assert_eq!(rest.len(), 6);
 }
 
 /// Turn tickets strictly increase: claims that fall in one millisecond still alternate.
@@ -1100,6 +1122,7 @@ async fn claimer(
             max_attempts: 5,
             types: vec!["t".into()],
             probe: true,
+            per_org: 0,
         };
         let got = crate::store::claim(store.as_ref(), &finished, &r)
             .await
