@@ -46,10 +46,23 @@ EXPLAIN = os.environ.get("EXPLAIN", "") == "1"
 SCHEMA = f"profclaim_{os.getpid()}"
 SQL = {v: Path(v).read_text() for v in VARIANTS if v != "current"}
 
-CLAIM = (
-    "SELECT * FROM gnl_claim($1::bigint[], $2::bigint[], $3::text[], '{}', '{}', '{}', '{}',"
-    " false, $5, 5, 60000, 'profile', $4::text[], '{}', '{noop}')"
+# Schema 9 gave gnl_claim a 16th argument (per_org, 0: no cap); a variant from before it is
+# called with 15, once 9's function is dropped from its schema.
+CLAIM_ARGS = (
+    "$1::bigint[], $2::bigint[], $3::text[], '{}', '{}', '{}', '{}',"
+    " false, $5, 5, 60000, 'profile', $4::text[], '{}', '{noop}'"
 )
+DROP_9 = (
+    "DROP FUNCTION gnl_claim(bigint[], bigint[], text[], bigint[], bigint[], text[], bigint[],"
+    " boolean, bigint, bigint, bigint, text, text[], text[], text[], bigint)"
+)
+
+
+def claim_sql(variant: str) -> str:
+    """The claim call for a variant: with per_org 0 when its function takes it."""
+    if variant == "current" or "per_org" in SQL[variant]:
+        return f"SELECT * FROM gnl_claim({CLAIM_ARGS}, 0)"
+    return f"SELECT * FROM gnl_claim({CLAIM_ARGS})"
 
 
 async def drain(orgs: int, variant: str) -> tuple[list[float], list[int]]:
@@ -62,7 +75,10 @@ async def drain(orgs: int, variant: str) -> tuple[list[float], list[int]]:
     notes: list[str] = []
     conn.add_log_listener(lambda _c, m: notes.append(m.message))
     try:
+        CLAIM = claim_sql(variant)
         if variant != "current":
+            if "per_org" not in SQL[variant]:
+                await conn.execute(DROP_9)
             await conn.execute(SQL[variant])
         times: list[float] = []
         lanes: list[int] = []

@@ -82,9 +82,9 @@ class TimedClaims:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._native, name)
 
-    async def claim(self, n: int) -> Any:
+    async def claim(self, n: int, carry: bool = True, per_org: int = 0) -> Any:
         t0 = time.perf_counter()
-        jobs = await self._native.claim(n)
+        jobs = await self._native.claim(n, carry, per_org)
         self.seconds += time.perf_counter() - t0
         self.calls += 1
         return jobs

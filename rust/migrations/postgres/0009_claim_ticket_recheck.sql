@@ -241,10 +241,12 @@ BEGIN
     -- one new lease record. A lane's candidates come from two places: its type's in_order jobs
     -- along the key from its head, and the others from the due index; the earliest due of all
     -- the organization's lanes are taken. Then the lanes: the lanes of an organization that got
-    -- a job get its next turn ticket (tickets strictly increase, in the order the organizations
-    -- were served, so claims within one millisecond do not tie; they stay near the store's
-    -- clock in 1/4096 ms, so a new organization's ticket 0 sorts first; one that got nothing
-    -- keeps its ticket). Every locked lane's head moves to its first in_order job of its type
+    -- a job get its next turn ticket: after the newest ticket the pick saw (or the store's
+    -- clock in 1/4096 ms, so a new organization's ticket 0 sorts first), plus the lanes in
+    -- turn before this claim's first (`ahead`: a claim in flight holds them, and its tickets
+    -- are drawn from the same newest one), plus the organization's place in this claim. So
+    -- tickets increase in the order the organizations were served, and claims within one
+    -- millisecond, or in flight at once, do not tie. One that got nothing keeps its ticket. Every locked lane's head moves to its first in_order job of its type
     -- still pending (none: past the organization's last job), and its next_run_at becomes its
     -- earliest pending run_at (NULL: nothing pending); it stays in the turn while that has
     -- come. A head never passes a job still being enqueued: enqueues into one organization
