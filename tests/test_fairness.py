@@ -126,9 +126,9 @@ async def test_one_worker_keeps_the_shares_through_the_drain(storage: gnl.Storag
     # Short handlers at C=10 over 50 organizations, 240 jobs each: at every tenth of the
     # drain each organization has had its share within 4 (the bound of the suite test
     # `concurrent_claims_serve_the_lanes_in_turn`, DECISIONS "Fairness under concurrent
-    # claims"), and the deviation does not grow with the drain. One claim in flight is exact;
-    # a second claim in flight on Postgres (branch `pgs`, session 12) without a change to the
-    # claim's tickets read 111-129 of 120 at a fifth of a 30,000-job drain, growing.
+    # claims"), and the deviation does not grow with the drain. On Postgres the worker keeps
+    # a second claim in flight here; before migration 0009 two claims in flight drew equal
+    # tickets and the same organizations won every tie (125 of 120 at half-way, growing).
     orgs, each = 50, 240
     for i in range(orgs):
         await gnl.enqueue_many(storage, _big(f"o{i}", each))
