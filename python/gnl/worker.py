@@ -636,9 +636,8 @@ class Worker:
                         self._at_once = now is not None
                         if now is None:
                             out.append(_Claim(native.claim(want), want, t0, seen, True, False))
-                        self._fill()
+                    self._fill()
                     if now is None:
-                        self._fill()
                         second = self._second(out)
                         if second:
                             # Carries outcomes only when the one in flight carries none.
