@@ -283,6 +283,8 @@ def test_changed_schedule_stops_the_start(
     assert p.finish() == 1
     last = p.stderr.strip().splitlines()[-1]
     assert last.startswith("gnl: ") and "gnl triggers unschedule tick" in last, p.stderr
+    # It says what changed: the registered definition's field, then the app's.
+    assert 'spec: "99000" -> ' in last, last
     # Said once, not logged and then printed again.
     assert p.stderr.count("schedule 'tick' changed") == 1, p.stderr
 

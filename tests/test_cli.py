@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -142,8 +143,14 @@ def test_cron_prints_iso_utc() -> None:
     r = gnl_cmd("cron", "0 3 * * *", "-n", "2", "--after", "0")
     assert r.exit_code == 0
     assert r.output.split() == ["1970-01-01T03:00:00.000Z", "1970-01-02T03:00:00.000Z"]
+    # --json: one object per line, like every listing (docs/deploy.md).
     r = gnl_cmd("cron", "*/30 * * * *", "-n", "3", "--after", "0", "--json")
-    assert json.loads(r.output) == [1_800_000, 3_600_000, 5_400_000]
+    assert [json.loads(ln) for ln in r.output.splitlines()] == [
+        {"at_ms": 1_800_000, "at": "1970-01-01T00:30:00.000Z"},
+        {"at_ms": 3_600_000, "at": "1970-01-01T01:00:00.000Z"},
+        {"at_ms": 5_400_000, "at": "1970-01-01T01:30:00.000Z"},
+    ]
+    assert "How many fire times" in gnl_cmd("cron", "--help").output
     assert "CronError" in one_line_error(gnl_cmd("cron", "61 * * * *"), 2)
     assert gnl_cmd("cron", "* * * * *", "-n", "0").exit_code == 2
 
@@ -157,6 +164,7 @@ def test_unknown_ids_exit_1(store_url: Callable[[], str]) -> None:
         (("jobs", "retry", "nope"), "no job 'nope'"),
         (("jobs", "cancel", "nope", "--org", "acme"), "no job 'nope' in org 'acme'"),
         (("runs", "show", "nope"), "no run 'nope'"),
+        (("runs", "resolve", "nope", "pay", "--retry"), "no run 'nope'"),
         (("events", "retry", "orders", "billing", "nope"), "no quarantined event 'nope'"),
         (("triggers", "unschedule", "nope"), "no trigger 'nope'"),
     ):
@@ -188,7 +196,8 @@ def test_bad_and_unreachable_urls(args: tuple[str, ...]) -> None:
     # The message lists every accepted form, mariadb:// too (docs/engines.md).
     assert "mysql://" in bad and "mariadb://" in bad
     away = one_line_error(gnl_cmd(*args, "--url", "postgres://postgres@127.0.0.1:1/test"), 1)
-    assert "StoreUnavailableError" in away
+    # The refused connection names the server it tried.
+    assert "StoreUnavailableError" in away and "127.0.0.1:1" in away, away
 
 
 @pytest.mark.parametrize("args", STORE_COMMANDS[1:], ids=lambda a: " ".join(a))
@@ -215,12 +224,38 @@ def test_an_empty_database_is_said_to_hold_no_store(store_url: Callable[[], str]
         assert f"needs {engine} schema" in err and "gnl upgrade" in err, err
 
 
-def test_a_store_in_a_missing_directory_names_the_directory(tmp_path: Path) -> None:
-    # The hint must not send the user to `gnl upgrade`, which refuses a missing directory.
+def test_a_refused_mysql_connection_names_the_server() -> None:
+    away = one_line_error(gnl_cmd("jobs", "list", "--url", "mysql://root@127.0.0.1:1/test"), 1)
+    assert "StoreUnavailableError" in away and "127.0.0.1:1" in away, away
+
+
+@pytest.mark.parametrize("args", STORE_COMMANDS, ids=lambda a: " ".join(a))
+def test_a_store_in_a_missing_directory_is_bad_usage_worded_alike(
+    args: tuple[str, ...], tmp_path: Path
+) -> None:
+    # The API refuses it (InvalidArgumentError): exit 2 from every command, upgrade too, in one
+    # wording that names the directory; the hint is not just "run gnl upgrade" (it refuses it).
     url = f"sqlite:///{tmp_path}/nowhere/x.db"
-    err = one_line_error(gnl_cmd("jobs", "list", "--url", url), 1)
-    assert "nowhere" in err and "does not exist" in err and "create the directory" in err, err
+    err = one_line_error(gnl_cmd(*args, "--url", url), 2)
+    assert "directory" in err and "nowhere" in err and "does not exist" in err, err
+    assert "create the directory" in err, err
     assert not (tmp_path / "nowhere").exists()
+    if args != STORE_COMMANDS[0]:
+        assert err == one_line_error(gnl_cmd("upgrade", "--url", url), 2)
+
+
+def test_gnl_run_of_something_else_than_an_app_says_what_it_is(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/s.db"
+    # A function that needs arguments is not called (json.dumps() would raise a TypeError).
+    err = one_line_error(gnl_cmd("run", "json:dumps", "--url", url), 2)
+    assert "'json:dumps' is a function that needs arguments (obj)" in err, err
+    assert "not a gnl.App" in err, err
+    # A callable of no arguments is called: what it returned is named.
+    err = one_line_error(gnl_cmd("run", "json:JSONDecoder", "--url", url), 2)
+    assert "returned a JSONDecoder, not a gnl.App" in err, err
+    err = one_line_error(gnl_cmd("run", "json:__name__", "--url", url), 2)
+    assert "is a str, not a gnl.App" in err, err
+    assert not (tmp_path / "s.db").exists()
 
 
 def test_studio_and_demo_error_paths(tmp_path: Path) -> None:
@@ -251,6 +286,49 @@ def test_tables_fit_a_narrow_terminal(tmp_path: Path) -> None:
     out = gnl_cmd("jobs", "list", "--org", "acme", "--url", url, env={"COLUMNS": "60"}).output
     pieces = [ln.split("│")[2].strip() for ln in out.splitlines() if ln.count("│") > 3]
     assert LONG_ID in "".join(pieces)
+
+
+@pytest.mark.parametrize(
+    ("args", "times"),
+    [
+        (("jobs", "list", "--org", "acme"), 4),
+        (("runs", "list"), 1),
+        (("triggers", "list"), 1),
+        (("events", "dead", "orders", "billing"), 1),
+    ],
+    ids=lambda a: " ".join(a) if isinstance(a, tuple) else str(a),
+)
+def test_an_80_column_table_wraps_a_time_between_date_and_time_only(
+    args: tuple[str, ...], times: int, tmp_path: Path
+) -> None:
+    url = f"sqlite:///{tmp_path}/s.db"
+    asyncio.run(gnl.upgrade(url))
+    seeded(url)
+    r = gnl_cmd(*args, "--url", url, env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert all(len(ln) <= 80 for ln in lines) and "…" not in r.output, r.output
+    # Each time is whole in its cell, its date and its time (to the second) unbroken, on one
+    # line or the time under the date.
+    assert len(re.findall(r"(?<= )\d{4}-\d\d-\d\d(?= )", r.output)) == times, r.output
+    assert len(re.findall(r"(?<= )\d\d:\d\d:\d\dZ(?= )", r.output)) == times, r.output
+    # The right-hand border is on every row: nothing was cropped.
+    assert all(ln.endswith(("│", "┃", "┓", "┩", "┘")) for ln in lines if ln.strip()), r.output
+
+
+def test_jobs_list_shows_attempts_of_the_limit_once_claimed(tmp_path: Path) -> None:
+    # The limit is the claiming worker's max_attempts: before a claim there is none to show
+    # (the stored default would read 0/5 under a worker whose max_attempts is 1).
+    url = f"sqlite:///{tmp_path}/s.db"
+    asyncio.run(gnl.upgrade(url))
+    seeded(url)
+    out = gnl_cmd("jobs", "list", "--org", "acme", "--url", url).output
+    rows = {
+        ln.split("│")[2].strip(): ln.split("│")[5].strip()
+        for ln in out.splitlines()
+        if ln.count("│") > 3 and ln.split("│")[2].strip()
+    }
+    assert rows == {LONG_ID: "1/1", "p1": "0"}, out
 
 
 def test_show_of_a_huge_payload_prints_its_start_and_says_how_to_get_it_whole(

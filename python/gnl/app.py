@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import math
 import os
@@ -829,7 +830,27 @@ def load_app(target: str) -> App:
                 f"module {module_name!r} has no attribute {attr!r}"
             ) from None
     if not isinstance(obj, App) and callable(obj):
-        obj = obj()
+        try:
+            sig: inspect.Signature | None = inspect.signature(obj)
+        except (TypeError, ValueError):  # a builtin that does not say: call it
+            sig = None
+        needed = [
+            p.name
+            for p in (sig.parameters.values() if sig is not None else ())
+            if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
+        if needed:
+            raise InvalidArgumentError(
+                f"{target!r} is a {type(obj).__name__} that needs arguments "
+                f"({', '.join(needed)}), not a gnl.App nor a function of no arguments "
+                f"returning one"
+            )
+        made = obj()
+        if not isinstance(made, App):
+            raise InvalidArgumentError(
+                f"{target!r} returned a {type(made).__name__}, not a gnl.App"
+            )
+        obj = made
     if not isinstance(obj, App):
         raise InvalidArgumentError(f"{target!r} is a {type(obj).__name__}, not a gnl.App")
     return obj

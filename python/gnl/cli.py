@@ -109,18 +109,27 @@ def _sqlite_file(url: str) -> str | None:
     return rest[1:] if rest.startswith("/") else rest
 
 
+def _need_directory(target: str) -> None:
+    """A SQLite URL whose file's directory is missing: bad usage (exit 2), as gnl's API
+    refuses it (InvalidArgumentError: gnl creates the file, not its directory), worded the
+    same by every command."""
+    path = _sqlite_file(target)
+    folder = os.path.dirname(path) if path else ""
+    if folder and not os.path.isdir(folder):
+        _fail(
+            f"the directory {folder!r} of the SQLite file {path!r} (from {target}) does not"
+            " exist: gnl creates the file, not its directory; create the directory, then the"
+            " store with gnl upgrade",
+            2,
+        )
+
+
 def _need_store(url: str | None) -> str:
     """The URL of an existing store (commands other than upgrade and demo never create one)."""
     target = _need_url(url)
+    _need_directory(target)
     path = _sqlite_file(target)
     if path and not os.path.exists(path):
-        folder = os.path.dirname(path)
-        if folder and not os.path.isdir(folder):
-            _fail(
-                f"no SQLite store at {path!r} (from {target}): its directory {folder!r} does not"
-                " exist; create the directory, then the store with gnl upgrade",
-                1,
-            )
         _fail(f"no SQLite store at {path!r} (from {target}); create it with gnl upgrade", 1)
     return target
 
@@ -137,9 +146,18 @@ def _when(ms: int | None) -> str:
 
 
 def _cell_time(ms: int | None) -> str:
-    """A time in a table cell: ISO-8601 with a space for the ``T`` (RFC 3339 allows it), so a
-    narrow column wraps it between the date and the time."""
-    return _when(ms).replace("T", " ")
+    """A time in a table cell: ISO-8601 to the second, with a space for the ``T`` (RFC 3339
+    allows it), so a narrow column wraps it between the date and the time (``_print_table``
+    keeps time columns that wide); ``show`` and ``--json`` give the milliseconds."""
+    if ms is None:
+        return "—"
+    return _when(ms)[:19].replace("T", " ") + "Z"
+
+
+def _attempts(job: gnl.JobInfo) -> str:
+    """Attempts made of the limit; before the first claim just ``0``: the limit is the claiming
+    worker's ``max_attempts`` (written at claim time), not yet known."""
+    return f"{job.attempts}/{job.max_attempts}" if job.attempts else "0"
 
 
 def _job_dict(job: gnl.JobInfo) -> dict[str, Any]:
@@ -150,16 +168,61 @@ def _print_json(value: Any, *, indent: int | None = None) -> None:
     click.echo(json.dumps(value, ensure_ascii=False, indent=indent))
 
 
-def _table(*columns: str, wrap: Sequence[str] = ()) -> Table:
+#: A time column's narrowest width in a table: its date (``2026-12-03``) on one line, its
+#: time (``12:53:30Z``) on the next.
+_TIME_WIDTH = len("2026-12-03")
+#: A folding column's narrowest width when a table must fit a narrow terminal.
+_FOLD_MIN = 4
+
+
+def _table(*columns: str, wrap: Sequence[str] = (), times: Sequence[str] = ()) -> Table:
     """A table whose ``wrap`` columns (ids, errors) fold onto more lines in a narrow terminal
-    instead of being cut; the others keep one line."""
+    instead of being cut, and whose ``times`` columns (``_cell_time``) wrap between date and
+    time only (``_print_table``); the others keep one line."""
     table = Table(header_style="bold")
     for col in columns:
-        if col in wrap:
+        if col in times:
+            table.add_column(col, overflow="fold", min_width=_TIME_WIDTH)
+        elif col in wrap:
             table.add_column(col, overflow="fold")
         else:
             table.add_column(col, no_wrap=True)
     return table
+
+
+def _print_table(console: Console, table: Table) -> None:
+    """Print ``table`` within the terminal's width. When its cells do not fit on one line each,
+    the folding columns get the room the one-line columns leave, time columns first their
+    date's width, then the narrowest folding column one more character at a time (rich alone
+    shares the room evenly, which folds a time inside its date, and crops the table's right
+    edge when a column's minimum width does not fit). A terminal too narrow even for that is
+    left to rich (every column folds)."""
+    cols = table.columns
+    room = console.width - (3 * len(cols) + 1)  # each column's padding and border, and the last
+
+    def natural(col: Any) -> int:
+        cells = [col.header, *col.cells]
+        return max(console.measure(c).maximum for c in cells)
+
+    want = [natural(c) for c in cols]
+    if sum(want) > room:
+        fold = [i for i, c in enumerate(cols) if not c.no_wrap]
+        fixed = sum(want[i] for i, c in enumerate(cols) if c.no_wrap)
+        width = {i: min(want[i], cols[i].min_width or _FOLD_MIN) for i in fold}
+        if fixed + sum(width.values()) <= room:
+            spare = room - fixed - sum(width.values())
+            while spare > 0:
+                short = [i for i in fold if width[i] < want[i]]
+                if not short:
+                    break
+                width[min(short, key=lambda i: width[i])] += 1
+                spare -= 1
+            for i in fold:
+                cols[i].width = width[i]
+        else:
+            for i in fold:
+                cols[i].min_width = None
+    console.print(table)
 
 
 #: Characters of a payload or result that ``gnl jobs show`` prints in its table (the terminal
@@ -246,6 +309,7 @@ def cli() -> None:
 def upgrade(url_arg: str | None, url: str | None, as_json: bool) -> None:
     """Create the store at URL, or bring it to the current schema (idempotent)."""
     target = _need_url(url_arg or url)
+    _need_directory(target)
     version = _run(lambda: gnl.upgrade(target))
     if as_json:
         _print_json({"url": _native.redact_url(target), "schema_version": version})
@@ -455,7 +519,8 @@ def jobs_list(
         "run at (UTC)",
         "updated (UTC)",
         "error",
-        wrap=("org", "id", "type", "error", "run at (UTC)", "updated (UTC)"),
+        wrap=("org", "id", "type", "error"),
+        times=("run at (UTC)", "updated (UTC)"),
     )
     for job in items:
         table.add_row(
@@ -463,12 +528,12 @@ def jobs_list(
             escape(job.id),
             escape(job.type),
             job.state,
-            f"{job.attempts}/{job.max_attempts}",
+            _attempts(job),
             _cell_time(job.run_at),
             _cell_time(job.updated_at),
             escape(_short(job.last_error)),
         )
-    console.print(table)
+    _print_table(console, table)
     if matched is not None and matched > len(items):
         console.print(
             f"{len(items):,} of {matched:,} matching jobs shown; raise --limit to see more"
@@ -505,7 +570,7 @@ def jobs_show(job_id: str, url: str | None, org: str | None, as_json: bool) -> N
         ("org", job.org_id or "— (none)"),
         ("type", job.type),
         ("state", job.state),
-        ("attempts", f"{job.attempts} of {job.max_attempts}"),
+        ("attempts", f"{job.attempts} of {job.max_attempts}" if job.attempts else "0"),
         ("created", _when(job.created_at)),
         ("run at", _when(job.run_at)),
         ("updated", _when(job.updated_at)),
@@ -640,7 +705,8 @@ def runs_list(
         "created (UTC)",
         "wake at / lease until",
         "error",
-        wrap=("run id", "workflow", "error", "created (UTC)", "wake at / lease until"),
+        wrap=("run id", "workflow", "error"),
+        times=("created (UTC)", "wake at / lease until"),
     )
     for run in items:
         table.add_row(
@@ -651,7 +717,7 @@ def runs_list(
             _cell_time(run.wake_at if run.state == "suspended" else run.lease_expires_at),
             escape(_short(run.error)),
         )
-    console.print(table)
+    _print_table(console, table)
 
 
 @runs.command("show", epilog=_ex("gnl runs show sched:nightly:12 --json"))
@@ -697,7 +763,8 @@ def runs_show(run_id: str, url: str | None, as_json: bool) -> None:
         "state",
         "recorded (UTC)",
         "result",
-        wrap=("step", "result", "recorded (UTC)"),
+        wrap=("step", "result"),
+        times=("recorded (UTC)",),
     )
     for st in run.steps:
         steps.add_row(
@@ -708,7 +775,7 @@ def runs_show(run_id: str, url: str | None, as_json: bool) -> None:
             _cell_time(st.started_at),
             escape(_short(json.dumps(st.result, ensure_ascii=False))),
         )
-    console.print(steps)
+    _print_table(console, steps)
 
 
 @runs.command(
@@ -743,14 +810,25 @@ def runs_resolve(
         raise click.UsageError(f"--value is not JSON: {e}") from None
     target = _need_store(url)
 
-    async def go() -> bool:
+    async def go() -> str | None:
+        """None when resolved, else why nothing changed."""
         async with await _open(target) as storage:
             if retry:
-                return await gnl.resolve_step(storage, run_id, step, n=n, retry=True)
-            return await gnl.resolve_step(storage, run_id, step, n=n, value=decoded)
+                done = await gnl.resolve_step(storage, run_id, step, n=n, retry=True)
+            else:
+                done = await gnl.resolve_step(storage, run_id, step, n=n, value=decoded)
+            if done:
+                return None
+            if await gnl.get_run(storage, run_id) is None:
+                return f"no run {run_id!r}"
+            return (
+                f"step {step!r} (call {n}) of run {run_id!r} is not an unresolved intent"
+                " (gnl runs show lists its steps); nothing changed"
+            )
 
-    if not _run(go):
-        _fail(f"step {step!r} (call {n}) of run {run_id!r} is not an unresolved intent", 1)
+    why = _run(go)
+    if why is not None:
+        _fail(why, 1)
     if as_json:
         _print_json(
             {"run_id": run_id, "step": step, "n": n, "resolved": "retry" if retry else "value"}
@@ -887,7 +965,8 @@ def triggers_list(url: str | None, as_json: bool) -> None:
         "fires",
         "next run (UTC)",
         "error",
-        wrap=("id", "workflow", "spec", "error", "next run (UTC)"),
+        wrap=("id", "workflow", "spec", "error"),
+        times=("next run (UTC)",),
     )
     for t in items:
         table.add_row(
@@ -900,7 +979,7 @@ def triggers_list(url: str | None, as_json: bool) -> None:
             _cell_time(t.next_run_at),
             escape(_short(t.last_error)),
         )
-    console.print(table)
+    _print_table(console, table)
 
 
 @triggers.command("unschedule", epilog=_ex("gnl triggers unschedule nightly"))
@@ -925,10 +1004,20 @@ def triggers_unschedule(trigger_id: str, url: str | None, as_json: bool) -> None
 
 @cli.command("cron", epilog=_ex("gnl cron '0 3 * * 1-5'", "gnl cron '*/15 * * * *' -n 3 --json"))
 @click.argument("expr", metavar="EXPR")
-@click.option("-n", "count", default=5, show_default=True, type=click.IntRange(1, 10_000))
+@click.option(
+    "-n",
+    "count",
+    default=5,
+    show_default=True,
+    type=click.IntRange(1, 10_000),
+    help="How many fire times to print.",
+)
 @click.option("--after", "after_ms", type=int, help="Epoch ms to start after (default: now).")
 @click.option(
-    "--json", "as_json", is_flag=True, help="Print the times as one JSON list of epoch ms."
+    "--json",
+    "as_json",
+    is_flag=True,
+    help='One JSON object per line: {"at_ms": epoch ms, "at": ISO-8601 UTC}.',
 )
 def cron_cmd(expr: str, count: int, after_ms: int | None, as_json: bool) -> None:
     """Print the next fire times of cron expression EXPR (UTC, ISO-8601); no store is read."""
@@ -938,7 +1027,8 @@ def cron_cmd(expr: str, count: int, after_ms: int | None, as_json: bool) -> None
     except gnl.CronError as e:
         _fail(f"CronError: {e}")  # a refused expression is bad usage: exit 2
     if as_json:
-        click.echo(json.dumps(times))
+        for t in times:
+            click.echo(json.dumps({"at_ms": t, "at": _when(t)}))
         return
     for t in times:
         click.echo(_when(t))
@@ -1002,7 +1092,8 @@ def events_dead(
         "quarantined (UTC)",
         "error",
         "payload",
-        wrap=("id", "error", "payload", "quarantined (UTC)"),
+        wrap=("id", "error", "payload"),
+        times=("quarantined (UTC)",),
     )
     for ev in items:
         table.add_row(
@@ -1012,7 +1103,7 @@ def events_dead(
             escape(_short(ev.error)),
             escape(_short(json.dumps(ev.payload, ensure_ascii=False))),
         )
-    console.print(table)
+    _print_table(console, table)
     if len(items) == limit:
         console.print(f"more events may follow: add --after {items[-1].seq}")
 

@@ -327,10 +327,34 @@ async def schedule_workflow(
     )
     if row.definition != definition:
         raise TriggerConflictError(
-            f"trigger {id!r} is registered with another definition ({row.definition}); "
-            f"unschedule it first to change it"
+            f"trigger {id!r} is registered with another definition "
+            f"({_changes(row.definition, definition)}); unschedule it first to change it"
         )
     return id
+
+
+def _changes(registered: str, given: str) -> str:
+    """What differs between two trigger definitions (their JSON texts), field by field:
+    ``field: registered -> given``, the input shown as JSON (not as the text it is stored
+    as)."""
+    try:
+        old, new = json.loads(registered), json.loads(given)
+    except ValueError:  # written by another version: say it whole
+        return f"registered {registered}, given {given}"
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return f"registered {registered}, given {given}"
+
+    def shown(d: dict[str, Any], key: str) -> str:
+        if key not in d:
+            return "(none)"
+        v = d[key]
+        if key == "input" and isinstance(v, str):
+            v = json.loads(v)  # stored as JSON text
+        return json.dumps(v, ensure_ascii=False)
+
+    keys = sorted(set(old) | set(new))
+    diff = [f"{k}: {shown(old, k)} -> {shown(new, k)}" for k in keys if old.get(k) != new.get(k)]
+    return "; ".join(diff) or f"registered {registered}, given {given}"
 
 
 async def list_triggers(

@@ -141,24 +141,27 @@ pub async fn cancel_job(
 /// The error of a pool that could not open its first connection. sqlx's pool retries a
 /// failed connection until its acquire timeout and then reports only that it timed out, so
 /// one direct attempt finds the driver's reason (e.g. a refused connection) to report
-/// instead. Any other error is reported as it is.
-pub(crate) async fn pool_error<O>(opts: &O, e: sqlx::Error) -> Error
+/// instead, naming the server it tried (`server`: `host:port`, or the socket's path) so a
+/// wrong host or port shows in the message. Any other error is reported as it is.
+pub(crate) async fn pool_error<O>(opts: &O, server: &str, e: sqlx::Error) -> Error
 where
     O: sqlx::ConnectOptions,
     O::Connection: Sized,
 {
-    if !matches!(e, sqlx::Error::PoolTimedOut) {
-        return e.into();
-    }
-    match tokio::time::timeout(std::time::Duration::from_secs(5), opts.connect()).await {
-        Ok(Err(cause)) => match Error::from(cause) {
-            Error::StoreUnavailable { reason, code } => Error::StoreUnavailable {
-                reason: format!("cannot connect: {reason}"),
-                code,
-            },
-            other => other,
+    let cause = if matches!(e, sqlx::Error::PoolTimedOut) {
+        match tokio::time::timeout(std::time::Duration::from_secs(5), opts.connect()).await {
+            Ok(Err(cause)) => cause,
+            _ => e,
+        }
+    } else {
+        e
+    };
+    match Error::from(cause) {
+        Error::StoreUnavailable { reason, code } => Error::StoreUnavailable {
+            reason: format!("cannot connect to {server}: {reason}"),
+            code,
         },
-        _ => e.into(),
+        other => other,
     }
 }
 

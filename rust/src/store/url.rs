@@ -66,6 +66,16 @@ pub fn redact(url: &str) -> String {
     out
 }
 
+/// The server a connection goes to, as an error names it: the socket's path when one is set,
+/// else `host:port` (an IPv6 address in brackets).
+pub fn server(socket: Option<&std::path::PathBuf>, host: &str, port: u16) -> String {
+    match socket {
+        Some(path) => format!("the socket {}", path.display()),
+        None if host.contains(':') => format!("[{host}]:{port}"),
+        None => format!("{host}:{port}"),
+    }
+}
+
 /// Parse a store URL. `sqlite:///x.db` is relative to the working directory,
 /// `sqlite:////x.db` absolute.
 pub fn parse(url: &str) -> Result<Target> {
@@ -103,6 +113,17 @@ pub fn parse(url: &str) -> Result<Target> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn servers_are_named_by_host_and_port_or_socket() {
+        assert_eq!(server(None, "127.0.0.1", 5432), "127.0.0.1:5432");
+        assert_eq!(server(None, "::1", 3306), "[::1]:3306");
+        let sock = std::path::PathBuf::from("/run/postgresql");
+        assert_eq!(
+            server(Some(&sock), "localhost", 5432),
+            "the socket /run/postgresql"
+        );
+    }
 
     #[test]
     fn sqlite_paths() {

@@ -262,7 +262,14 @@ impl MysqlStore {
             .await;
         let pool = match pool {
             Ok(p) => p,
-            Err(e) => return Err(super::pool_error(&opts, e).await),
+            Err(e) => {
+                return Err(super::pool_error(
+                    &opts,
+                    &super::url::server(opts.get_socket(), opts.get_host(), opts.get_port()),
+                    e,
+                )
+                .await)
+            }
         };
         let row = sqlx::query("SELECT VERSION(), DATABASE(), CAST(@@max_allowed_packet AS SIGNED)")
             .fetch_one(&pool)

@@ -132,7 +132,14 @@ impl PostgresStore {
             .await;
         let pool = match pool {
             Ok(p) => p,
-            Err(e) => return Err(super::pool_error(&opts, e).await),
+            Err(e) => {
+                return Err(super::pool_error(
+                    &opts,
+                    &super::url::server(opts.get_socket(), opts.get_host(), opts.get_port()),
+                    e,
+                )
+                .await)
+            }
         };
         let store = PostgresStore {
             pool,
