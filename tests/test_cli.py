@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -425,3 +428,29 @@ def test_an_optional_url_reads_optional_in_the_help(command: str) -> None:
     out = gnl_cmd(command, "--help").output
     assert f"gnl {command} [OPTIONS] [URL]" in out, out
     assert "``" not in out, out
+
+
+def test_a_reader_that_closes_the_pipe_early_is_not_an_error(tmp_path: Path) -> None:
+    # `gnl jobs list --json | head -1`: exit 0, nothing on stderr (click alone exits 1).
+    url = f"sqlite:///{tmp_path}/s.db"
+
+    async def fill() -> None:
+        async with await gnl.connect(url) as st:
+            await gnl.enqueue_many(
+                st.work, [{"type": "t", "payload": {"i": i, "pad": "x" * 200}} for i in range(3000)]
+            )
+
+    asyncio.run(fill())
+    p = subprocess.Popen(
+        [sys.executable, "-m", "gnl", "jobs", "list", "--all", "--limit", "3000", "--json"],
+        env={**os.environ, "GNL_URL": url},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert p.stdout is not None and p.stderr is not None
+    assert json.loads(p.stdout.readline())["type"] == "t"
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    p.stderr.close()
+    assert p.wait(timeout=60) == 0, err
+    assert err == ""

@@ -255,7 +255,22 @@ _NO_ARGS_IS_HELP: type[click.UsageError] | None = getattr(
 
 class _OneLineErrors(click.Group):
     """The ``gnl`` group: click's usage errors are one line on stderr too (exit code 2),
-    naming the command's ``--help``."""
+    naming the command's ``--help``.
+
+    A reader that closes its end of stdout early (``gnl jobs list --json | head -1``) ends the
+    command with exit code 0 and no message, as the table output does (rich's console): the
+    reader took what it wanted, and a listing changes nothing (docs/DECISIONS.md). Click alone
+    exits 1 then."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            # Python would meet the closed pipe again when it flushes stdout at exit: stdout
+            # goes to /dev/null first (the recipe of Python's signal module documentation).
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            raise click.exceptions.Exit(0) from None
 
     def main(
         self,
