@@ -109,27 +109,14 @@ def _sqlite_file(url: str) -> str | None:
     return rest[1:] if rest.startswith("/") else rest
 
 
-def _need_directory(target: str) -> None:
-    """A SQLite URL whose file's directory is missing: bad usage (exit 2), as gnl's API
-    refuses it (InvalidArgumentError: gnl creates the file, not its directory), worded the
-    same by every command."""
+def _need_store(url: str | None) -> str:
+    """The URL of an existing store (commands other than upgrade and demo never create one).
+    A SQLite file whose directory is missing is left to the open, which refuses it for every
+    command in one wording (InvalidArgumentError: bad usage, exit 2)."""
+    target = _need_url(url)
     path = _sqlite_file(target)
     folder = os.path.dirname(path) if path else ""
-    if folder and not os.path.isdir(folder):
-        _fail(
-            f"the directory {folder!r} of the SQLite file {path!r} (from {target}) does not"
-            " exist: gnl creates the file, not its directory; create the directory, then the"
-            " store with gnl upgrade",
-            2,
-        )
-
-
-def _need_store(url: str | None) -> str:
-    """The URL of an existing store (commands other than upgrade and demo never create one)."""
-    target = _need_url(url)
-    _need_directory(target)
-    path = _sqlite_file(target)
-    if path and not os.path.exists(path):
+    if path and not os.path.exists(path) and (not folder or os.path.isdir(folder)):
         _fail(f"no SQLite store at {path!r} (from {target}); create it with gnl upgrade", 1)
     return target
 
@@ -154,10 +141,10 @@ def _cell_time(ms: int | None) -> str:
     return _when(ms)[:19].replace("T", " ") + "Z"
 
 
-def _attempts(job: gnl.JobInfo) -> str:
-    """Attempts made of the limit; before the first claim just ``0``: the limit is the claiming
-    worker's ``max_attempts`` (written at claim time), not yet known."""
-    return f"{job.attempts}/{job.max_attempts}" if job.attempts else "0"
+def _attempts(job: gnl.JobInfo, of: str = "/") -> str:
+    """Attempts made ``of`` the limit; before the first claim just ``0``: the limit is the
+    claiming worker's ``max_attempts`` (written at claim time), not yet known."""
+    return f"{job.attempts}{of}{job.max_attempts}" if job.attempts else "0"
 
 
 def _job_dict(job: gnl.JobInfo) -> dict[str, Any]:
@@ -324,7 +311,6 @@ def cli() -> None:
 def upgrade(url_arg: str | None, url: str | None, as_json: bool) -> None:
     """Create the store at URL, or bring it to the current schema (idempotent)."""
     target = _need_url(url_arg or url)
-    _need_directory(target)
     version = _run(lambda: gnl.upgrade(target))
     if as_json:
         _print_json({"url": _native.redact_url(target), "schema_version": version})
@@ -585,7 +571,7 @@ def jobs_show(job_id: str, url: str | None, org: str | None, as_json: bool) -> N
         ("org", job.org_id or "— (none)"),
         ("type", job.type),
         ("state", job.state),
-        ("attempts", f"{job.attempts} of {job.max_attempts}" if job.attempts else "0"),
+        ("attempts", _attempts(job, " of ")),
         ("created", _when(job.created_at)),
         ("run at", _when(job.run_at)),
         ("updated", _when(job.updated_at)),

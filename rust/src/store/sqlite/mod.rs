@@ -156,8 +156,8 @@ impl SqliteStore {
                     .filter(|d| !d.as_os_str().is_empty());
                 if let Some(dir) = dir.filter(|d| !d.is_dir()) {
                     return Err(Error::InvalidArgument(format!(
-                        "the directory {dir:?} of the SQLite file {path:?} does not exist \
-                         (gnl creates the file, not its directory)"
+                        "the directory {dir:?} of the SQLite file {path:?} does not exist: \
+                         gnl creates the file, not its directory; create the directory first"
                     )));
                 }
                 if !create && !std::path::Path::new(path).exists() {
