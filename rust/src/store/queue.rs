@@ -365,27 +365,66 @@ pub async fn enqueue_parts(
     }
 }
 
-/// `QueueStore::claim`, run again when the server aborted it to break a deadlock (see
-/// `again_on_deadlock`; on MySQL a claim's lane locks can meet an enqueue's lane upsert). The
-/// aborted transaction wrote nothing, and every outcome is conditional on its fencing token,
-/// so running it again is safe.
+/// Outcomes in the order their job rows are locked, so that a write of outcomes never waits
+/// for a renewal of the same worker's leases that waits for it. Every engine locks a write's
+/// job rows in its outcomes' order, its done ones first, then its failed ones; a renewal locks
+/// all the worker's held jobs (those whose outcome is queued included) by seq. Outcomes in
+/// completion order deadlocked with the renewal: Postgres breaks a deadlock only after
+/// `deadlock_timeout` (1 s), with both waiting meanwhile, so two in a row cost a live worker
+/// a 2 s lease (tests/test_multiprocess.py, CI of session 14, on a loaded 2-core machine).
+/// So each kind goes by seq; and when a failed seq is below a done one (done-then-failed
+/// would not ascend) the batch splits: the failed ones are returned to be written first, by
+/// themselves (the rarer case: a batch holding both kinds, interleaved).
+pub(crate) fn in_lock_order(outcomes: &[Outcome]) -> (Vec<Outcome>, Vec<Outcome>) {
+    let (mut done, mut failed): (Vec<Outcome>, Vec<Outcome>) = outcomes
+        .iter()
+        .cloned()
+        .partition(|o| matches!(o, Outcome::Done { .. }));
+    done.sort_by_key(Outcome::seq);
+    failed.sort_by_key(Outcome::seq);
+    match (done.last(), failed.first()) {
+        (Some(d), Some(f)) if f.seq() < d.seq() => (failed, done),
+        _ => {
+            done.append(&mut failed);
+            (vec![], done)
+        }
+    }
+}
+
+/// `QueueStore::claim` with its outcomes in lock order (`in_lock_order`; a split batch's
+/// failed ones are written first, by `finish`), run again when the server aborted it to break
+/// a deadlock (see `again_on_deadlock`; on MySQL a claim's lane locks can meet an enqueue's
+/// lane upsert). The aborted transaction wrote nothing, and every outcome is conditional on
+/// its fencing token, so running it again, or writing again outcomes already written, is safe.
 pub async fn claim(
     store: &(impl QueueStore + ?Sized),
     finished: &[Outcome],
     req: &ClaimRequest,
 ) -> Result<Vec<ClaimedJob>> {
-    again_on_deadlock(|| store.claim(finished, req)).await
+    let (first, rest) = in_lock_order(finished);
+    if !first.is_empty() {
+        again_on_deadlock(|| store.finish(&first)).await?;
+    }
+    again_on_deadlock(|| store.claim(&rest, req)).await
 }
 
-/// `QueueStore::finish`, run again when the server aborted it to break a deadlock (see
-/// `again_on_deadlock`); every outcome is conditional on its fencing token.
+/// `QueueStore::finish` with its outcomes in lock order (`in_lock_order`), run again when the
+/// server aborted it to break a deadlock (see `again_on_deadlock`); every outcome is
+/// conditional on its fencing token.
 pub async fn finish(store: &(impl QueueStore + ?Sized), outcomes: &[Outcome]) -> Result<()> {
-    again_on_deadlock(|| store.finish(outcomes)).await
+    let (first, rest) = in_lock_order(outcomes);
+    for part in [first, rest] {
+        if !part.is_empty() {
+            again_on_deadlock(|| store.finish(&part)).await?;
+        }
+    }
+    Ok(())
 }
 
 /// `QueueStore::renew`, run again when the server aborted it to break a deadlock (see
-/// `again_on_deadlock`; a renewal and an outcome can lock two of a worker's jobs in opposite
-/// orders). A renewal only extends leases still held, so running it again is idempotent.
+/// `again_on_deadlock`). It locks the held jobs by seq, as outcomes are written
+/// (`in_lock_order`). A renewal only extends leases still held, so running it again is
+/// idempotent.
 pub async fn renew(
     store: &(impl QueueStore + ?Sized),
     leases: &[LeaseRef],
@@ -423,5 +462,49 @@ where
         updated_at: r.get(11),
         run_at: r.get(12),
         finished_at: r.get(13),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::in_lock_order;
+    use crate::model::Outcome;
+
+    fn done(seq: i64) -> Outcome {
+        Outcome::Done {
+            seq,
+            token: 1,
+            org: "o".into(),
+            result: None,
+        }
+    }
+
+    fn failed(seq: i64) -> Outcome {
+        Outcome::Failed {
+            seq,
+            token: 1,
+            org: "o".into(),
+            error: "e".into(),
+            delay_ms: 0,
+        }
+    }
+
+    fn seqs(v: &[Outcome]) -> Vec<i64> {
+        v.iter().map(Outcome::seq).collect()
+    }
+
+    #[test]
+    fn outcomes_are_written_in_ascending_seq_order_per_statement() {
+        // One kind: one write, by seq.
+        let (first, rest) = in_lock_order(&[done(5), done(2), done(9)]);
+        assert_eq!((seqs(&first), seqs(&rest)), (vec![], vec![2, 5, 9]));
+        // Done ones below failed ones: done-then-failed ascends, one write.
+        let (first, rest) = in_lock_order(&[failed(8), done(3), failed(7), done(1)]);
+        assert_eq!((seqs(&first), seqs(&rest)), (vec![], vec![1, 3, 7, 8]));
+        // A failed one below a done one: the failed ones first, by themselves.
+        let (first, rest) = in_lock_order(&[done(4), failed(6), failed(2), done(9)]);
+        assert_eq!((seqs(&first), seqs(&rest)), (vec![2, 6], vec![4, 9]));
+        assert!(matches!(first[0], Outcome::Failed { .. }));
+        assert!(rest.iter().all(|o| matches!(o, Outcome::Done { .. })));
     }
 }

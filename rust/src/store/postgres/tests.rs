@@ -278,3 +278,53 @@ crate::store::held::held_connection_tests!(
     "SELECT pg_backend_pid()::bigint",
     "SELECT pg_terminate_backend({})"
 );
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outcomes_in_completion_order_do_not_deadlock_with_the_renewal() {
+    // A worker writes outcomes in the order its handlers finished while its renewal locks the
+    // same jobs by seq: the write must lock them by seq too (`store::in_lock_order`), or the
+    // two wait for each other until Postgres breaks the deadlock a second later, aborting one
+    // (here the renewal, which waited first). A side transaction holding the middle job makes
+    // the interleaving certain: the write takes its first job and waits there, the renewal
+    // comes and waits, then the side lets go.
+    with_store(Engine::Postgres, |s, url| async move {
+        let jobs: Vec<_> = (0..3).map(|i| suite::job("o", &format!("{i}"))).collect();
+        s.enqueue(&jobs).await.unwrap();
+        let mut got = s.claim(&[], &suite::req(3, 60_000)).await.unwrap();
+        got.sort_by_key(|j| j.seq);
+        let side = side_pool(&url).await;
+        let mut hold = side.begin().await.unwrap();
+        sqlx::query("SELECT 1 FROM gnl_jobs WHERE seq = $1 FOR UPDATE")
+            .bind(got[1].seq)
+            .execute(&mut *hold)
+            .await
+            .unwrap();
+        // Finished last job first.
+        let outcomes: Vec<_> = got.iter().rev().map(|j| suite::done(j, "null")).collect();
+        let leases: Vec<_> = got
+            .iter()
+            .map(|j| crate::model::LeaseRef {
+                seq: j.seq,
+                token: j.token,
+                org: j.org.clone(),
+            })
+            .collect();
+        let w = {
+            let s = s.clone();
+            tokio::spawn(async move { crate::store::finish(s.as_ref(), &outcomes).await })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let r = {
+            let s = s.clone();
+            // The engine's renewal itself, not run again on a deadlock: it must not meet one.
+            tokio::spawn(async move { s.renew(&leases, 60_000).await })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        hold.commit().await.unwrap();
+        w.await.unwrap().unwrap();
+        let status = r.await.unwrap();
+        assert!(status.is_ok(), "the renewal failed: {status:?}");
+        side.close().await;
+    })
+    .await;
+}
