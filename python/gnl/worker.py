@@ -635,7 +635,12 @@ class Worker:
                         now = native.claim_now(want) if len(self._tasks) <= 1 else None
                         self._at_once = now is not None
                         if now is None:
-                            out.append(_Claim(native.claim(want), want, t0, seen, True, False))
+                            # A second claim may go out beside it: then both take one job an
+                            # organization (the two race for the lanes, and the one that finds
+                            # some locked by the other must not split its batch among the rest).
+                            cap = 1 if self._may_pair() and not self._alone else 0
+                            claim = native.claim(want, True, cap)
+                            out.append(_Claim(claim, want, t0, seen, True, False))
                     self._fill()
                     if now is None:
                         second = self._second(out)
@@ -744,22 +749,27 @@ class Worker:
         holds (it skips them: SKIP LOCKED), so while its round trip and the handlers run the
         store works on the next. It asks for the slots the two claims keep busy, less the
         jobs claimed ahead and those the one in flight asked for."""
-        c = self.concurrency
-        hold = self._hold_s
-        if (
-            len(out) != 1
-            or not self._spread
-            or c < 2
-            or self._stopping
-            or hold is None
-            or hold > self._claim_s
-            or self._storage.backend != "postgres"
-        ):
+        if len(out) != 1 or not self._may_pair():
             return 0
         if self._alone:
             self._alone -= 1
             return 0
+        c = self.concurrency
         return max(0, min(c, 2 * c - len(self._ready) - out[0].asked))
+
+    def _may_pair(self) -> bool:
+        """Whether a second claim may follow the next one while it is in flight (``_second``,
+        unless the next claims go out alone): Postgres, two slots or more, handlers shorter
+        than a claim, and the last claim came back full with one job an organization."""
+        hold = self._hold_s
+        return (
+            self._spread
+            and self.concurrency >= 2
+            and not self._stopping
+            and hold is not None
+            and hold <= self._claim_s
+            and self._storage.backend == "postgres"
+        )
 
     def _spread_after(self, c: _Claim, jobs: list[ClaimedJob]) -> None:
         """A claim came back: whether it was full with one job an organization (a second
