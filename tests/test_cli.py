@@ -334,6 +334,62 @@ def test_jobs_list_shows_attempts_of_the_limit_once_claimed(tmp_path: Path) -> N
     assert rows == {LONG_ID: "1/1", "p1": "0"}, out
 
 
+def test_a_filtered_listing_of_every_organization_pages_with_a_cursor(tmp_path: Path) -> None:
+    # --all with --type reads the store's pages of 1,000 and keeps the matches; --cursor goes
+    # on right after the last one shown, across those pages, with no job twice or left out.
+    url = f"sqlite:///{tmp_path}/s.db"
+    orgs = [None, "acme", "beta"]
+
+    async def seed() -> None:
+        async with await gnl.connect(url) as st:
+            await gnl.enqueue_many(
+                st.work,
+                [
+                    {
+                        "type": "x" if i % 3 else "y",
+                        "payload": i,
+                        "options": {"id": f"j{i:05}", "org_id": orgs[i % 7 % 3]},
+                    }
+                    for i in range(3_100)
+                ],
+            )
+
+    asyncio.run(seed())
+    whole = [
+        json.loads(ln)["id"]
+        for ln in gnl_cmd(
+            "jobs", "list", "--all", "--json", "--limit", "10000", "--url", url
+        ).stdout.splitlines()
+    ]
+    expected = [j for j in whole if int(j[1:]) % 3]
+    assert len(whole) == 3_100 and len(expected) == 2_066
+    got: list[str] = []
+    cursor: list[str] = []
+    for _ in range(10):
+        r = gnl_cmd(
+            "jobs",
+            "list",
+            "--all",
+            "--type",
+            "x",
+            "--limit",
+            "700",
+            "--json",
+            "--url",
+            url,
+            *cursor,
+        )
+        assert r.exit_code == 0, r.output
+        got += [json.loads(ln)["id"] for ln in r.stdout.splitlines()]
+        if "--cursor " not in r.stderr:
+            break
+        cursor = ["--cursor", r.stderr.split("--cursor ", 1)[1].strip()]
+    assert got == expected
+    # The table says how to go on too.
+    r = gnl_cmd("jobs", "list", "--all", "--type", "y", "--limit", "5", "--url", url)
+    assert r.exit_code == 0 and "more jobs: add --cursor " in r.output, r.output
+
+
 def test_show_of_a_huge_payload_prints_its_start_and_says_how_to_get_it_whole(
     tmp_path: Path,
 ) -> None:

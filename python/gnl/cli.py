@@ -461,49 +461,51 @@ def jobs_list(
     as_json: bool,
 ) -> None:
     """List jobs: one organization's lane (--org; without it, the jobs that have no
-    organization), or every job on the store (--all), in enqueue order."""
+    organization), in enqueue order; or every job on the store (--all): the jobs without
+    organization, then each organization's in name order, each in enqueue order."""
     if all_orgs and org is not None:
         raise click.UsageError("--all lists every organization; it does not go with --org")
     filtered = all_orgs and (state is not None or job_type is not None)
-    if filtered and cursor is not None:
-        raise click.UsageError("--cursor does not go with --all and --state/--type")
     target = _need_store(url)
 
-    async def go() -> tuple[list[gnl.JobInfo], str | None, int | None]:
+    def wanted(job: gnl.JobInfo) -> bool:
+        return (state is None or job.state == state) and (job_type is None or job.type == job_type)
+
+    async def go() -> tuple[list[gnl.JobInfo], str | None]:
         async with await _open(target) as storage:
             if not all_orgs:
                 page = await gnl.list_jobs(
                     storage.work, org_id=org, state=state, type=job_type, limit=limit, cursor=cursor
                 )
-                return page.items, page.next_cursor, None
+                return page.items, page.next_cursor
             if not filtered:
                 page = await gnl.list_all_jobs(storage.work, limit=limit, cursor=cursor)
-                return page.items, page.next_cursor, None
-            # list_all_jobs has no filters: page through the whole listing and filter here.
+                return page.items, page.next_cursor
+            # list_all_jobs has no filters: read its pages and keep the matching jobs. A page
+            # that holds more matches than are still wanted is read again, cut just after the
+            # last one wanted, so its cursor continues right there (--cursor).
             shown: list[gnl.JobInfo] = []
-            matched = 0
-            cur: str | None = None
+            cur = cursor
             while True:
                 page = await gnl.list_all_jobs(storage.work, limit=1_000, cursor=cur)
-                for job in page.items:
-                    if (state is None or job.state == state) and (
-                        job_type is None or job.type == job_type
-                    ):
-                        matched += 1
-                        if len(shown) < limit:
-                            shown.append(job)
+                hits = [i for i, job in enumerate(page.items) if wanted(job)]
+                room = limit - len(shown)
+                if len(hits) > room:
+                    page = await gnl.list_all_jobs(
+                        storage.work, limit=hits[room - 1] + 1, cursor=cur
+                    )
+                    hits = [i for i, job in enumerate(page.items) if wanted(job)]
+                shown.extend(page.items[i] for i in hits)
                 cur = page.next_cursor
-                if cur is None:
-                    return shown, None, matched
+                if cur is None or len(shown) >= limit:
+                    return shown, cur
 
-    items, next_cursor, matched = _run(go)
+    items, next_cursor = _run(go)
     if as_json:
         for job in items:
             click.echo(json.dumps(_job_dict(job), ensure_ascii=False))
         # stdout stays JSON lines; how to see more goes to stderr, where a script can read it.
-        if matched is not None and matched > len(items):
-            click.echo(f"{len(items)} of {matched} matching jobs shown; raise --limit", err=True)
-        elif next_cursor is not None:
+        if next_cursor is not None:
             click.echo(f"more jobs: add --cursor {next_cursor}", err=True)
         return
     console = Console()
@@ -535,11 +537,7 @@ def jobs_list(
             escape(_short(job.last_error)),
         )
     _print_table(console, table)
-    if matched is not None and matched > len(items):
-        console.print(
-            f"{len(items):,} of {matched:,} matching jobs shown; raise --limit to see more"
-        )
-    elif next_cursor is not None:
+    if next_cursor is not None:
         console.print(f"more jobs: add --cursor {escape(next_cursor)}", soft_wrap=True)
 
 
