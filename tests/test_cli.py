@@ -18,12 +18,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from click.testing import CliRunner, Result
 
 import gnl
 from _support import outdated_sqlite_store
+from conftest import _server, missing_server
 from gnl.cli import cli
 
 LONG_ID = "order-" + "x" * 40 + "-end"
@@ -79,6 +81,9 @@ def test_every_command_happy_path(store_url: Callable[[], str]) -> None:
     env = {"GNL_URL": url}
 
     # jobs
+    r = gnl_cmd("jobs", "list", env=env)
+    assert r.exit_code == 0, r.output
+    assert "no jobs without organization (--org ORG lists an organization's, --all" in r.output
     r = gnl_cmd("jobs", "list", "--org", "acme", env=env)
     assert r.exit_code == 0 and LONG_ID in r.output and "p1" in r.output, r.output
     listed = [
@@ -156,6 +161,22 @@ def test_cron_prints_iso_utc() -> None:
     assert "How many fire times" in gnl_cmd("cron", "--help").output
     assert "CronError" in one_line_error(gnl_cmd("cron", "61 * * * *"), 2)
     assert gnl_cmd("cron", "* * * * *", "-n", "0").exit_code == 2
+    # Near the end of the year 9999 fewer times are left than asked for: those, and a line on
+    # stderr saying so (gnl.cron_times returns fewer too).
+    r = gnl_cmd("cron", "59 23 31 12 *", "-n", "3", "--after", "253370764800000")
+    assert r.exit_code == 0 and r.stdout.split() == ["9999-12-31T23:59:00.000Z"], r.output
+    assert "1 of 3 fire times: the next come after the year 9999" in r.stderr
+
+
+def test_upgrade_takes_its_url_argument_over_gnl_url(tmp_path: Path) -> None:
+    # GNL_URL is a default: the argument names the store, with no clash reported.
+    r = gnl_cmd(
+        "upgrade", f"sqlite:///{tmp_path}/a.db", env={"GNL_URL": f"sqlite:///{tmp_path}/b.db"}
+    )
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "a.db").exists() and not (tmp_path / "b.db").exists()
+    same = f"sqlite:///{tmp_path}/a.db"
+    assert gnl_cmd("upgrade", same, "--url", same).exit_code == 0
 
 
 def test_unknown_ids_exit_1(store_url: Callable[[], str]) -> None:
@@ -163,8 +184,10 @@ def test_unknown_ids_exit_1(store_url: Callable[[], str]) -> None:
     asyncio.run(gnl.upgrade(url))
     env = {"GNL_URL": url}
     for args, msg in (
-        (("jobs", "show", "nope"), "no job 'nope'"),
-        (("jobs", "retry", "nope"), "no job 'nope'"),
+        # Without --org the id is looked up among the jobs without one: the line says so,
+        # and how to name an organization.
+        (("jobs", "show", "nope"), "no job 'nope' without organization (give --org ORG"),
+        (("jobs", "retry", "nope"), "no job 'nope' without organization (give --org ORG"),
         (("jobs", "cancel", "nope", "--org", "acme"), "no job 'nope' in org 'acme'"),
         (("runs", "show", "nope"), "no run 'nope'"),
         (("runs", "resolve", "nope", "pay", "--retry"), "no run 'nope'"),
@@ -230,6 +253,25 @@ def test_an_empty_database_is_said_to_hold_no_store(store_url: Callable[[], str]
 def test_a_refused_mysql_connection_names_the_server() -> None:
     away = one_line_error(gnl_cmd("jobs", "list", "--url", "mysql://root@127.0.0.1:1/test"), 1)
     assert "StoreUnavailableError" in away and "127.0.0.1:1" in away, away
+
+
+@pytest.mark.parametrize("backend", ["postgres", "mysql"])
+def test_a_missing_database_or_user_says_what_to_change(backend: str) -> None:
+    # The server answers and refuses the URL's database or user: the line names the server
+    # and what to change (it was a bare `store error (3D000)`).
+    server = _server(backend)
+    if isinstance(server, str):
+        missing_server(server)
+        return
+    url = urlsplit(server.admin_url)
+    no_db = urlunsplit(url._replace(path="/gnl_no_such_db"))
+    err = one_line_error(gnl_cmd("jobs", "list", "--url", no_db), 1)
+    assert f"cannot connect to {url.hostname}:{url.port}" in err, err
+    assert "gnl_no_such_db" in err and "create the database first" in err, err
+    no_user = urlunsplit(url._replace(netloc=f"gnl_no_such_user@{url.hostname}:{url.port}"))
+    err = one_line_error(gnl_cmd("jobs", "list", "--url", no_user), 1)
+    assert f"cannot connect to {url.hostname}:{url.port}" in err, err
+    assert "gnl_no_such_user" in err and "check the URL's user and password" in err, err
 
 
 @pytest.mark.parametrize("args", STORE_COMMANDS, ids=lambda a: " ".join(a))
@@ -471,6 +513,17 @@ def test_every_command_has_help_with_an_example(args: tuple[str, ...]) -> None:
         (("nope",), "No such command 'nope'; see gnl --help"),
         (("runs", "resolve", "r", "s", "--url", "sqlite:///x.db"), "exactly one of --value"),
         (("cron", "* * * * *", "-n", "0"), "'-n'"),
+        # A suggestion keeps its question mark; the hint is a sentence of its own.
+        (("jobs", "lst"), "Did you mean 'list'? See gnl jobs --help"),
+        # Fire times print from year 1 to 9999: past either end is bad usage, not a traceback
+        # (a negative one raised ValueError) or an empty list with exit 0.
+        (("cron", "* * * * *", "--after", "99999999999999999"), "'--after'"),
+        (("cron", "* * * * *", "--after", "-99999999999999"), "'--after'"),
+        # Two stores named at once: neither is silently ignored.
+        (
+            ("upgrade", "sqlite:///a.db", "--url", "sqlite:///b.db"),
+            "URL and --url name two stores; give one",
+        ),
     ],
 )
 def test_usage_errors_are_one_line_exit_2(args: tuple[str, ...], msg: str, tmp_path: Path) -> None:

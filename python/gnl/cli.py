@@ -275,8 +275,12 @@ class _OneLineErrors(click.Group):
                 # ``--help`` prints it, on stderr, exit 2.
                 click.echo(e.ctx.get_help(), err=True)
                 sys.exit(2)
-            hint = f"; see {e.ctx.command_path} --help" if e.ctx is not None else ""
-            _fail(f"{e.format_message().rstrip('.')}{hint}", 2)
+            msg = e.format_message().rstrip(".")
+            if e.ctx is not None:
+                # "Did you mean 'list'?" keeps its question mark; the hint is a sentence after it.
+                sep = " See" if msg.endswith("?") else "; see"
+                msg += f"{sep} {e.ctx.command_path} --help"
+            _fail(msg, 2)
         except click.Abort:
             _fail("interrupted", 130)
         except click.ClickException as e:
@@ -310,6 +314,10 @@ def cli() -> None:
 @_json_option
 def upgrade(url_arg: str | None, url: str | None, as_json: bool) -> None:
     """Create the store at URL, or bring it to the current schema (idempotent)."""
+    given = click.get_current_context().get_parameter_source("url")
+    if url_arg is not None and given is click.core.ParameterSource.COMMANDLINE and url_arg != url:
+        # (GNL_URL is a default: the argument overrides it.)
+        raise click.UsageError("URL and --url name two stores; give one")
     target = _need_url(url_arg or url)
     version = _run(lambda: gnl.upgrade(target))
     if as_json:
@@ -511,7 +519,11 @@ def jobs_list(
     console = Console()
     if not items:
         where = "on the store" if all_orgs else f"in org {org!r}" if org else "without organization"
-        console.print(f"no jobs {where}" + (" matching the filters" if state or job_type else ""))
+        hint = "" if all_orgs or org else " (--org ORG lists an organization's, --all every job)"
+        console.print(
+            f"no jobs {where}" + (" matching the filters" if state or job_type else "") + hint,
+            soft_wrap=True,
+        )
         return
     table = _table(
         "org",
@@ -556,7 +568,7 @@ def jobs_show(job_id: str, url: str | None, org: str | None, as_json: bool) -> N
 
     job = _run(go)
     if job is None:
-        _fail(f"no job {job_id!r} " + (f"in org {org!r}" if org else "without organization"), 1)
+        _fail(f"no job {job_id!r} " + (f"in org {org!r}" if org else _NO_ORG_HINT), 1)
     if as_json:
         click.echo(json.dumps(_job_dict(job), ensure_ascii=False))
         return
@@ -588,11 +600,15 @@ def jobs_show(job_id: str, url: str | None, org: str | None, as_json: bool) -> N
     console.print(table)
 
 
+# A job id is looked up in one organization: without --org, in the jobs that have none.
+_NO_ORG_HINT = "without organization (give --org ORG if it has one)"
+
+
 async def _explain(storage: gnl.Storage, job_id: str, org: str | None) -> str:
     job = await gnl.get_job(storage.work, job_id, org)
     where = f"in org {org!r}" if org else "without organization"
     if job is None:
-        return f"no job {job_id!r} {where}"
+        return f"no job {job_id!r} " + (where if org else _NO_ORG_HINT)
     return f"job {job_id!r} {where} is {job.state}"
 
 
@@ -1001,6 +1017,11 @@ def triggers_unschedule(trigger_id: str, url: str | None, as_json: bool) -> None
     click.echo(f"trigger {trigger_id!r} unscheduled")
 
 
+# Epoch ms of 0001-01-01T00:00:00Z and 9999-12-31T23:59:59.999Z.
+_FIRST_MS = -62_135_596_800_000
+_LAST_MS = 253_402_300_799_999
+
+
 @cli.command("cron", epilog=_ex("gnl cron '0 3 * * 1-5'", "gnl cron '*/15 * * * *' -n 3 --json"))
 @click.argument("expr", metavar="EXPR")
 @click.option(
@@ -1011,7 +1032,13 @@ def triggers_unschedule(trigger_id: str, url: str | None, as_json: bool) -> None
     type=click.IntRange(1, 10_000),
     help="How many fire times to print.",
 )
-@click.option("--after", "after_ms", type=int, help="Epoch ms to start after (default: now).")
+@click.option(
+    "--after",
+    "after_ms",
+    # The instants a fire time can be printed at: years 1 to 9999 (cron's search ends there).
+    type=click.IntRange(_FIRST_MS, _LAST_MS),
+    help="Epoch ms to start after (default: now), from year 1 to 9999.",
+)
 @click.option(
     "--json",
     "as_json",
@@ -1028,9 +1055,14 @@ def cron_cmd(expr: str, count: int, after_ms: int | None, as_json: bool) -> None
     if as_json:
         for t in times:
             click.echo(json.dumps({"at_ms": t, "at": _when(t)}))
-        return
-    for t in times:
-        click.echo(_when(t))
+    else:
+        for t in times:
+            click.echo(_when(t))
+    if len(times) < count:
+        # Not an error (gnl.cron_times returns fewer too), but never a silent short list.
+        click.echo(
+            f"{len(times)} of {count} fire times: the next come after the year 9999", err=True
+        )
 
 
 # -- events ---------------------------------------------------------------------------------------

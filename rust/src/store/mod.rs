@@ -161,7 +161,35 @@ where
             reason: format!("cannot connect to {server}: {reason}"),
             code,
         },
+        // The server answered, and refused the URL's database or user: not transient (the
+        // same URL is refused again), so a store error, which names the server and what to
+        // change.
+        Error::Store {
+            message,
+            code: Some(code),
+        } if connect_advice(&code).is_some() => {
+            let advice = connect_advice(&code).unwrap_or_default();
+            Error::Store {
+                message: format!("cannot connect to {server}: {message}; {advice}"),
+                code: Some(code),
+            }
+        }
         other => other,
+    }
+}
+
+/// What to change when the server refuses a connection's database or user, by the server's
+/// error code (Postgres SQLSTATE, MySQL error number).
+fn connect_advice(code: &str) -> Option<&'static str> {
+    match code {
+        // invalid_catalog_name; ER_BAD_DB_ERROR
+        "3D000" | "1049" => Some("create the database first, or name an existing one in the URL"),
+        // invalid_authorization_specification, invalid_password; ER_DBACCESS_DENIED_ERROR,
+        // ER_ACCESS_DENIED_ERROR, ER_ACCESS_DENIED_NO_PASSWORD_ERROR
+        "28000" | "28P01" | "1044" | "1045" | "1698" => Some(
+            "check the URL's user and password, and that the server lets that user in from here",
+        ),
+        _ => None,
     }
 }
 
