@@ -92,9 +92,9 @@ pub(crate) fn orgs_in_turn<O: Ord + Clone, T: Ord>(
     out
 }
 
-/// The share of a claim of `limit` jobs that the `i`-th of `n` organizations in turn gets: an
-/// equal share, the first ones the rest, at most `per_org` when that is not 0
-/// (`ClaimRequest::per_org`). Postgres computes the same in `gnl_claim` (migration 0009).
+/// The share of a claim's pass taking `limit` jobs that the `i`-th of `n` organizations in
+/// turn gets: an equal share, the first ones the rest, at most `per_org` when that is not 0
+/// (`ClaimRequest::per_org`). Postgres computes the same in `gnl_claim` (migration 0010).
 pub(crate) fn share(limit: usize, n: usize, i: usize, per_org: usize) -> usize {
     let even = limit / n + usize::from(i < limit % n);
     if per_org > 0 {
@@ -102,6 +102,40 @@ pub(crate) fn share(limit: usize, n: usize, i: usize, per_org: usize) -> usize {
     } else {
         even
     }
+}
+
+/// A claim with no per-organization cap serves a big batch a quantum at a time: its first pass
+/// serves at most `first_pass_orgs` organizations in turn (a quarter of the batch, at least
+/// `CLAIM_MIN_ORGS`), an equal share each: four jobs each over many organizations; when they
+/// hold fewer jobs than the batch, a second pass gives what is left to the next organizations
+/// in turn, an equal share each. Most of a claim's time is per lane it serves (its lock, its
+/// job lookups, its next head's, its update), so serving a few jobs a lane instead of one or
+/// two takes a batch of 100 over 1,000 organizations in two thirds of the time (Postgres:
+/// benches/RESULTS.md, 2026-12-04); fairness is the same round robin, in units of up to four
+/// jobs. A batch of up to 16 is served as before (one job a lane over 16 or more lanes). A
+/// claim capped per organization (a worker's claims that may race for the lanes) takes one
+/// pass over up to `limit` organizations. Postgres does the same in `gnl_claim` (migration
+/// 0010).
+pub(crate) const CLAIM_QUANTUM: usize = 4;
+
+/// The organizations a claim's first pass serves at the least (when as many are in turn and
+/// the batch is as big).
+pub(crate) const CLAIM_MIN_ORGS: usize = 16;
+
+/// The organizations in turn the first pass of a claim of `limit` jobs serves at most.
+pub(crate) fn first_pass_orgs(limit: usize, per_org: usize) -> usize {
+    if per_org > 0 {
+        limit
+    } else {
+        limit.min(limit.div_ceil(CLAIM_QUANTUM).max(CLAIM_MIN_ORGS))
+    }
+}
+
+/// Whether a claim takes its second pass, serving `want` more jobs over up to `want` more
+/// organizations: not capped per organization, jobs still to take, and its first pass read
+/// as many organizations (`read`) as it could serve (`orgs`), so more may be in turn.
+pub(crate) fn second_pass(per_org: usize, want: usize, read: usize, orgs: usize) -> bool {
+    per_org == 0 && want > 0 && read >= orgs
 }
 
 /// What the queue asks of a database. All instants are the store's clock (epoch ms).

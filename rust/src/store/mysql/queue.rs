@@ -12,7 +12,9 @@ use sqlx::Row;
 use super::{is_syntax_error, opt_text, plan, text, MysqlStore, Sql};
 use crate::error::{Error, Result};
 use crate::model::*;
-use crate::store::queue::{job_counts, marks, orgs_in_turn, share, JOB_COLS};
+use crate::store::queue::{
+    first_pass_orgs, job_counts, marks, orgs_in_turn, second_pass, share, JOB_COLS,
+};
 use crate::store::QueueStore;
 
 /// The most jobs one claim takes.
@@ -404,6 +406,193 @@ impl MysqlStore {
         Ok(rows)
     }
 
+    /// One pass of a claim (`CLAIM_QUANTUM`): the first `orgs` organizations in turn share
+    /// `want` jobs, appended to `out` in turn order, each organization's oldest first; their
+    /// lanes get their next tickets. Returns how many organizations in turn it read.
+    async fn claim_pass(
+        &self,
+        tx: &mut MySqlConnection,
+        req: &ClaimRequest,
+        want: usize,
+        orgs: usize,
+        out: &mut Vec<ClaimedJob>,
+    ) -> Result<usize> {
+        let picked = self.pick_lanes(tx, &req.types, orgs).await?;
+        // Waiting lanes whose next_run_at has come join the turn (all of them, with the
+        // tickets they had; the pick holds their locks).
+        let waiting: Vec<(&[u8], &[u8])> = picked
+            .iter()
+            .filter(|l| l.3 != 0)
+            .map(|l| (l.0.as_slice(), l.1.as_slice()))
+            .collect();
+        for part in waiting.chunks(MAX_CLAIM) {
+            let mut q = Sql::new("UPDATE gnl_lanes SET due = 1 WHERE (org, type) IN (");
+            q.rows = part.len();
+            for (i, (org, typ)) in part.iter().enumerate() {
+                q.s(if i == 0 { "(?,?)" } else { ",(?,?)" });
+                q.bind(*org)?.bind(*typ)?;
+            }
+            q.s(")");
+            self.counted(1);
+            q.execute(&mut *tx).await?;
+        }
+        let turned = orgs_in_turn(picked.into_iter().map(|l| (l.0, l.1, l.2)).collect(), orgs);
+        let read = turned.len();
+        if !turned.is_empty() {
+            // Organizations in turn: each gets an equal share of the batch, the first ones
+            // the rest; an organization's share goes to its earliest due jobs of its lanes
+            // (each lane read for at most the share).
+            let n = turned.len();
+            let share = |i: usize| share(want, n, i, req.per_org) as i64;
+            let lanes: Vec<(&[u8], &[u8], i64)> = turned
+                .iter()
+                .enumerate()
+                .flat_map(|(i, (o, ts))| {
+                    ts.iter()
+                        .map(move |t| (o.as_slice(), t.as_slice(), share(i)))
+                })
+                .collect();
+            let turn: BTreeMap<&[u8], usize> = turned
+                .iter()
+                .enumerate()
+                .map(|(i, (o, _))| (o.as_slice(), i))
+                .collect();
+            let rows = self.pick_jobs(tx, &lanes).await?;
+            let mut picked: Vec<(usize, ClaimedJob)> = rows
+                .iter()
+                .map(|r| {
+                    let org_b: Vec<u8> = r.try_get_unchecked(2).unwrap_or_default();
+                    let lane = turn.get(org_b.as_slice()).copied().unwrap_or(usize::MAX);
+                    (
+                        lane,
+                        ClaimedJob {
+                            seq: r.get(0),
+                            // Read under the row lock: the update below adds one to each.
+                            token: r.get::<i64, _>(1) + 1,
+                            org: text(r, 2),
+                            id: text(r, 3),
+                            typ: text(r, 4),
+                            payload: text(r, 5),
+                            attempt: r.get::<i64, _>(6) + 1,
+                            run_at: r.get(7),
+                        },
+                    )
+                })
+                .collect();
+            picked.sort_by_key(|(lane, j)| (*lane, j.run_at, j.seq));
+            // An organization with lanes of several types: its share of the earliest.
+            let mut taken = vec![0i64; n];
+            picked.retain(|(lane, _)| {
+                taken.get_mut(*lane).is_some_and(|t| {
+                    *t += 1;
+                    *t <= share(*lane)
+                })
+            });
+            let served: Vec<bool> = taken.iter().map(|t| *t > 0).collect();
+            if !picked.is_empty() {
+                let mut q = Sql::new(concat!(
+                    "UPDATE gnl_jobs FORCE INDEX (PRIMARY) SET state = 'running', attempts = attempts + 1, \
+                     max_attempts = ?, lease_token = lease_token + 1, lease_expires_at = ",
+                    now_ms!(),
+                    " + ?, lease_owner = ?, updated_at = ",
+                    now_ms!(),
+                    " WHERE seq IN ("
+                ));
+                q.rows = picked.len();
+                q.bind(req.max_attempts)?
+                    .bind(req.ttl_ms)?
+                    .bind(req.owner.as_str())?;
+                for (k, (_, j)) in picked.iter().enumerate() {
+                    q.s(if k == 0 { "?" } else { ",?" });
+                    q.bind(j.seq)?;
+                }
+                q.s(")");
+                self.counted(1);
+                q.execute(&mut *tx).await?;
+            }
+            // Each lane's new lower bound, and the base of this claim's turn tickets: a
+            // plain (non-locking) read after the claim, which sees every job committed
+            // before it; a job committed later lowers its lane's bound itself, after this
+            // transaction (it waits for the lane row). Tickets strictly increase (claims
+            // within one millisecond do not tie) and stay near the store's clock (in
+            // 1/4096 ms), so a new organization's ticket 0 sorts first.
+            let mut q = Sql::new(concat!(
+                "SELECT x.org, x.type, (SELECT j.run_at FROM gnl_jobs j FORCE INDEX (gnl_jobs_due) \
+                 WHERE j.org = x.org AND j.state = 'pending' AND j.type = x.type \
+                 ORDER BY j.run_at LIMIT 1), \
+                 CAST(GREATEST(",
+                now_ms!(),
+                " * 4096, COALESCE((SELECT MAX(served_at) FROM gnl_lanes), 0) + 1) AS SIGNED) \
+                 FROM ("
+            ));
+            q.rows = lanes.len();
+            for (i, (org, typ, _)) in lanes.iter().enumerate() {
+                q.s(if i == 0 {
+                    "SELECT CAST(? AS BINARY) AS org, CAST(? AS BINARY) AS type"
+                } else {
+                    " UNION ALL SELECT CAST(? AS BINARY), CAST(? AS BINARY)"
+                });
+                q.bind(*org)?.bind(*typ)?;
+            }
+            q.s(") x");
+            self.counted(1);
+            let mut base = 0i64;
+            let next: BTreeMap<(Vec<u8>, Vec<u8>), Option<i64>> = q
+                .fetch_all(&mut *tx)
+                .await?
+                .iter()
+                .map(|r| {
+                    base = r.get(3);
+                    let org: Vec<u8> = r.try_get_unchecked(0).unwrap_or_default();
+                    let typ: Vec<u8> = r.try_get_unchecked(1).unwrap_or_default();
+                    ((org, typ), r.get::<Option<i64>, _>(2))
+                })
+                .collect();
+            // Then the served organizations' tickets (on every lane of theirs the claim
+            // holds), in the order they were served, and every looked-at lane's bound.
+            let tickets: Vec<Option<i64>> = {
+                let mut rank = 0i64;
+                served
+                    .iter()
+                    .map(|s| {
+                        s.then(|| {
+                            rank += 1;
+                            base + rank - 1
+                        })
+                    })
+                    .collect()
+            };
+            let mut q = Sql::new("UPDATE (");
+            q.rows = lanes.len();
+            for (i, (org, typ, _)) in lanes.iter().enumerate() {
+                q.s(if i == 0 {
+                    "SELECT CAST(? AS BINARY) AS org, CAST(? AS BINARY) AS type, \
+                     CAST(? AS SIGNED) AS ticket, CAST(? AS SIGNED) AS next_run_at"
+                } else {
+                    " UNION ALL SELECT CAST(? AS BINARY), CAST(? AS BINARY), CAST(? AS SIGNED), \
+                     CAST(? AS SIGNED)"
+                });
+                let ticket = turn.get(org).and_then(|k| tickets[*k]);
+                q.bind(*org)?
+                    .bind(*typ)?
+                    .bind(ticket)?
+                    .bind(next.get(&(org.to_vec(), typ.to_vec())).copied().flatten())?;
+            }
+            // A lane stays in the turn while its earliest pending job is due.
+            q.s(concat!(
+                ") x STRAIGHT_JOIN gnl_lanes l FORCE INDEX (PRIMARY) ON l.org = x.org AND l.type = x.type SET \
+                 l.served_at = COALESCE(x.ticket, l.served_at), l.next_run_at = x.next_run_at, \
+                 l.due = COALESCE(x.next_run_at <= ",
+                now_ms!(),
+                ", 0)"
+            ));
+            self.counted(1);
+            q.execute(&mut *tx).await?;
+            out.extend(picked.into_iter().map(|(_, j)| j));
+        }
+        Ok(read)
+    }
+
     /// Each lane's oldest due jobs, locked (`lanes`: organization, type, at most how many):
     /// one statement (UNION ALL), or one per lane on a server that refuses locking clauses
     /// inside a union.
@@ -598,177 +787,11 @@ impl QueueStore for MysqlStore {
         // placeholder limit (four per lane).
         let limit = req.limit.min(MAX_CLAIM);
         if limit > 0 && !req.types.is_empty() {
-            let picked = self.pick_lanes(&mut tx, &req.types, limit).await?;
-            // Waiting lanes whose next_run_at has come join the turn (all of them, with the
-            // tickets they had; the pick holds their locks).
-            let waiting: Vec<(&[u8], &[u8])> = picked
-                .iter()
-                .filter(|l| l.3 != 0)
-                .map(|l| (l.0.as_slice(), l.1.as_slice()))
-                .collect();
-            for part in waiting.chunks(MAX_CLAIM) {
-                let mut q = Sql::new("UPDATE gnl_lanes SET due = 1 WHERE (org, type) IN (");
-                q.rows = part.len();
-                for (i, (org, typ)) in part.iter().enumerate() {
-                    q.s(if i == 0 { "(?,?)" } else { ",(?,?)" });
-                    q.bind(*org)?.bind(*typ)?;
-                }
-                q.s(")");
-                self.counted(1);
-                q.execute(&mut *tx).await?;
-            }
-            let orgs = orgs_in_turn(picked.into_iter().map(|l| (l.0, l.1, l.2)).collect(), limit);
-            if !orgs.is_empty() {
-                // Organizations in turn: each gets an equal share of the batch, the first ones
-                // the rest; an organization's share goes to its earliest due jobs of its lanes
-                // (each lane read for at most the share).
-                let n = orgs.len();
-                let share = |i: usize| share(limit, n, i, req.per_org) as i64;
-                let lanes: Vec<(&[u8], &[u8], i64)> = orgs
-                    .iter()
-                    .enumerate()
-                    .flat_map(|(i, (o, ts))| {
-                        ts.iter()
-                            .map(move |t| (o.as_slice(), t.as_slice(), share(i)))
-                    })
-                    .collect();
-                let turn: BTreeMap<&[u8], usize> = orgs
-                    .iter()
-                    .enumerate()
-                    .map(|(i, (o, _))| (o.as_slice(), i))
-                    .collect();
-                let rows = self.pick_jobs(&mut tx, &lanes).await?;
-                let mut picked: Vec<(usize, ClaimedJob)> = rows
-                    .iter()
-                    .map(|r| {
-                        let org_b: Vec<u8> = r.try_get_unchecked(2).unwrap_or_default();
-                        let lane = turn.get(org_b.as_slice()).copied().unwrap_or(usize::MAX);
-                        (
-                            lane,
-                            ClaimedJob {
-                                seq: r.get(0),
-                                // Read under the row lock: the update below adds one to each.
-                                token: r.get::<i64, _>(1) + 1,
-                                org: text(r, 2),
-                                id: text(r, 3),
-                                typ: text(r, 4),
-                                payload: text(r, 5),
-                                attempt: r.get::<i64, _>(6) + 1,
-                                run_at: r.get(7),
-                            },
-                        )
-                    })
-                    .collect();
-                picked.sort_by_key(|(lane, j)| (*lane, j.run_at, j.seq));
-                // An organization with lanes of several types: its share of the earliest.
-                let mut taken = vec![0i64; n];
-                picked.retain(|(lane, _)| {
-                    taken.get_mut(*lane).is_some_and(|t| {
-                        *t += 1;
-                        *t <= share(*lane)
-                    })
-                });
-                let served: Vec<bool> = taken.iter().map(|t| *t > 0).collect();
-                if !picked.is_empty() {
-                    let mut q = Sql::new(concat!(
-                        "UPDATE gnl_jobs FORCE INDEX (PRIMARY) SET state = 'running', attempts = attempts + 1, \
-                         max_attempts = ?, lease_token = lease_token + 1, lease_expires_at = ",
-                        now_ms!(),
-                        " + ?, lease_owner = ?, updated_at = ",
-                        now_ms!(),
-                        " WHERE seq IN ("
-                    ));
-                    q.rows = picked.len();
-                    q.bind(req.max_attempts)?
-                        .bind(req.ttl_ms)?
-                        .bind(req.owner.as_str())?;
-                    for (k, (_, j)) in picked.iter().enumerate() {
-                        q.s(if k == 0 { "?" } else { ",?" });
-                        q.bind(j.seq)?;
-                    }
-                    q.s(")");
-                    self.counted(1);
-                    q.execute(&mut *tx).await?;
-                }
-                // Each lane's new lower bound, and the base of this claim's turn tickets: a
-                // plain (non-locking) read after the claim, which sees every job committed
-                // before it; a job committed later lowers its lane's bound itself, after this
-                // transaction (it waits for the lane row). Tickets strictly increase (claims
-                // within one millisecond do not tie) and stay near the store's clock (in
-                // 1/4096 ms), so a new organization's ticket 0 sorts first.
-                let mut q = Sql::new(concat!(
-                    "SELECT x.org, x.type, (SELECT j.run_at FROM gnl_jobs j FORCE INDEX (gnl_jobs_due) \
-                     WHERE j.org = x.org AND j.state = 'pending' AND j.type = x.type \
-                     ORDER BY j.run_at LIMIT 1), \
-                     CAST(GREATEST(",
-                    now_ms!(),
-                    " * 4096, COALESCE((SELECT MAX(served_at) FROM gnl_lanes), 0) + 1) AS SIGNED) \
-                     FROM ("
-                ));
-                q.rows = lanes.len();
-                for (i, (org, typ, _)) in lanes.iter().enumerate() {
-                    q.s(if i == 0 {
-                        "SELECT CAST(? AS BINARY) AS org, CAST(? AS BINARY) AS type"
-                    } else {
-                        " UNION ALL SELECT CAST(? AS BINARY), CAST(? AS BINARY)"
-                    });
-                    q.bind(*org)?.bind(*typ)?;
-                }
-                q.s(") x");
-                self.counted(1);
-                let mut base = 0i64;
-                let next: BTreeMap<(Vec<u8>, Vec<u8>), Option<i64>> = q
-                    .fetch_all(&mut *tx)
-                    .await?
-                    .iter()
-                    .map(|r| {
-                        base = r.get(3);
-                        let org: Vec<u8> = r.try_get_unchecked(0).unwrap_or_default();
-                        let typ: Vec<u8> = r.try_get_unchecked(1).unwrap_or_default();
-                        ((org, typ), r.get::<Option<i64>, _>(2))
-                    })
-                    .collect();
-                // Then the served organizations' tickets (on every lane of theirs the claim
-                // holds), in the order they were served, and every looked-at lane's bound.
-                let tickets: Vec<Option<i64>> = {
-                    let mut rank = 0i64;
-                    served
-                        .iter()
-                        .map(|s| {
-                            s.then(|| {
-                                rank += 1;
-                                base + rank - 1
-                            })
-                        })
-                        .collect()
-                };
-                let mut q = Sql::new("UPDATE (");
-                q.rows = lanes.len();
-                for (i, (org, typ, _)) in lanes.iter().enumerate() {
-                    q.s(if i == 0 {
-                        "SELECT CAST(? AS BINARY) AS org, CAST(? AS BINARY) AS type, \
-                         CAST(? AS SIGNED) AS ticket, CAST(? AS SIGNED) AS next_run_at"
-                    } else {
-                        " UNION ALL SELECT CAST(? AS BINARY), CAST(? AS BINARY), CAST(? AS SIGNED), \
-                         CAST(? AS SIGNED)"
-                    });
-                    let ticket = turn.get(org).and_then(|k| tickets[*k]);
-                    q.bind(*org)?
-                        .bind(*typ)?
-                        .bind(ticket)?
-                        .bind(next.get(&(org.to_vec(), typ.to_vec())).copied().flatten())?;
-                }
-                // A lane stays in the turn while its earliest pending job is due.
-                q.s(concat!(
-                    ") x STRAIGHT_JOIN gnl_lanes l FORCE INDEX (PRIMARY) ON l.org = x.org AND l.type = x.type SET \
-                     l.served_at = COALESCE(x.ticket, l.served_at), l.next_run_at = x.next_run_at, \
-                     l.due = COALESCE(x.next_run_at <= ",
-                    now_ms!(),
-                    ", 0)"
-                ));
-                self.counted(1);
-                q.execute(&mut *tx).await?;
-                out = picked.into_iter().map(|(_, j)| j).collect();
+            let orgs = first_pass_orgs(limit, req.per_org);
+            let read = self.claim_pass(&mut tx, req, limit, orgs, &mut out).await?;
+            let want = limit - out.len().min(limit);
+            if second_pass(req.per_org, want, read, orgs) {
+                self.claim_pass(&mut tx, req, want, want, &mut out).await?;
             }
         }
         self.commit(tx).await?;

@@ -13,7 +13,8 @@ use super::{SqliteStore, Tx};
 use crate::error::{Error, Result};
 use crate::model::*;
 use crate::store::queue::{
-    job_counts, job_row, marks, orgs_in_turn, share, ReclaimThrottle, JOB_COLS,
+    first_pass_orgs, job_counts, job_row, marks, orgs_in_turn, second_pass, share, ReclaimThrottle,
+    JOB_COLS,
 };
 use crate::store::QueueStore;
 
@@ -393,7 +394,29 @@ pub(super) fn claim_tx(
     if req.limit == 0 || req.types.is_empty() {
         return Ok(out);
     }
-    let mut lanes = pick_lanes(db, &req.types, now, req.limit)?;
+    let mut want = req.limit;
+    let orgs = first_pass_orgs(req.limit, req.per_org);
+    let read = claim_pass(db, req, hot, want, orgs, &mut out)?;
+    want -= out.len().min(want);
+    if second_pass(req.per_org, want, read, orgs) {
+        claim_pass(db, req, hot, want, want, &mut out)?;
+    }
+    Ok(out)
+}
+
+/// One pass of a claim (`CLAIM_QUANTUM`): the first `orgs` organizations in turn share `want`
+/// jobs, appended to `out` in turn order, each organization's oldest first; their lanes get
+/// their next tickets. Returns how many organizations in turn it read.
+fn claim_pass(
+    db: &mut Db,
+    req: &ClaimRequest,
+    hot: &Hot,
+    want: usize,
+    orgs: usize,
+    out: &mut Vec<ClaimedJob>,
+) -> Result<usize> {
+    let now = hot.now;
+    let mut lanes = pick_lanes(db, &req.types, now, orgs)?;
     if lanes.is_none() {
         // Waiting lanes whose next_run_at has come join the turn, with the tickets they had
         // (so a lane is served in the same order as if it had never waited).
@@ -407,13 +430,13 @@ pub(super) fn claim_tx(
             &args,
             req.types.len() <= 4,
         )?;
-        lanes = pick_lanes(db, &req.types, now, req.limit)?;
+        lanes = pick_lanes(db, &req.types, now, orgs)?;
     }
     let lanes = lanes.unwrap_or_default();
     let n = lanes.len().max(1);
     let expires = now + req.ttl_ms;
     let mut served: Vec<&str> = Vec::with_capacity(lanes.len());
-    let mut got: Vec<(usize, ClaimedJob)> = Vec::with_capacity(req.limit);
+    let mut got: Vec<(usize, ClaimedJob)> = Vec::with_capacity(want);
     let head = [
         Val::Int(req.max_attempts),
         Val::Int(expires),
@@ -449,7 +472,7 @@ pub(super) fn claim_tx(
                 Some((org, t)) => (
                     Val::from(org),
                     t.as_slice(),
-                    share(req.limit, n, at, req.per_org) as i64,
+                    share(want, n, at, req.per_org) as i64,
                 ),
                 None => (Val::Null, &[][..], 0),
             };
@@ -511,7 +534,7 @@ pub(super) fn claim_tx(
     if !lanes.is_empty() {
         lanes_served(db, &lanes, &served, now)?;
     }
-    Ok(out)
+    Ok(lanes.len())
 }
 
 /// A claim on `db`: when it carries no outcomes and `req.probe`, first the empty poll (one

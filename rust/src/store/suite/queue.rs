@@ -36,6 +36,7 @@ on_every_engine! {
         a_claim_takes_only_the_types_it_asks_for,
         organizations_take_turns_whatever_their_number_of_types,
         a_claim_over_a_hundred_and_fifty_organizations_serves_each_its_share,
+        a_claim_serves_organizations_a_quantum_each,
         organizations_of_many_types_each_get_their_share,
     ],
     servers: [a_100k_job_enqueue_is_one_call, big_payloads_are_split_by_size],
@@ -393,37 +394,108 @@ pub async fn a_claim_over_a_hundred_and_fifty_organizations_serves_each_its_shar
         }
     }
     s.enqueue(&jobs).await.unwrap();
-    // 200 over 150 organizations: the first 50 in turn get two jobs, the others one.
+    let oldest = |org: &str, n: usize| -> Vec<&str> {
+        jobs.iter()
+            .filter(|j| j.org == org)
+            .take(n)
+            .map(|j| j.id.as_str())
+            .collect()
+    };
+    // 200 over 150 organizations, a quantum of 4 (CLAIM_QUANTUM): the first 50 in turn share
+    // the batch, 4 jobs each at most (o000, o010, ... have 6, the others 3: 155 jobs); the
+    // 45 left go to the next 45 in turn, one each.
     let got = s.claim(&[], &req_types(200, &["x", "y"])).await.unwrap();
     assert_eq!(got.len(), 200);
     let per_org = ids_per_org(&got);
-    assert_eq!(per_org.len(), 150);
-    let twice = per_org.values().filter(|v| v.len() == 2).count();
-    assert_eq!(twice, 50);
+    assert_eq!(per_org.len(), 95);
     for (org, v) in &per_org {
+        let o: usize = org[1..].parse().unwrap();
+        let want = match o {
+            _ if o < 50 && o % 10 == 0 => 4,
+            _ if o < 50 => 3,
+            _ if o < 95 => 1,
+            _ => panic!("{org} is not among the first 95 in turn"),
+        };
         // Each organization's oldest jobs, in enqueue order (x0 before y0 before x1).
-        let want: Vec<String> = jobs
-            .iter()
-            .filter(|j| j.org == *org)
-            .take(v.len())
-            .map(|j| j.id.clone())
-            .collect();
-        assert_eq!(
-            v,
-            &want.iter().map(String::as_str).collect::<Vec<_>>(),
-            "{org}"
-        );
+        assert_eq!(v, &oldest(org, want), "{org}");
     }
     // An organization's jobs come together, the organizations in turn (new ones by name).
     let orgs: Vec<&str> = got.iter().map(|j| j.org.as_str()).collect();
     let mut seen: Vec<&str> = orgs.clone();
     seen.dedup();
-    assert_eq!(seen.len(), 150);
+    assert_eq!(seen.len(), 95);
     assert!(seen.windows(2).all(|w| w[0] < w[1]), "{seen:?}");
-    // Served in that order, they are served so again: the next 100 are the first 100, once each.
+    // Next in turn are the 55 not served yet, then those served in that order: a claim of 100
+    // gives the first 25 of those 55 up to 4 (o100 and o110 have 6, the others 3: 77 jobs),
+    // the next 23 one each.
     let got = s.claim(&[], &req_types(100, &["x", "y"])).await.unwrap();
-    let next: Vec<&str> = got.iter().map(|j| j.org.as_str()).collect();
-    assert_eq!(next, seen[..100]);
+    assert_eq!(got.len(), 100);
+    let per_org = ids_per_org(&got);
+    let mut next: Vec<&str> = got.iter().map(|j| j.org.as_str()).collect();
+    next.dedup();
+    let want: Vec<String> = (95..143).map(|o| format!("o{o:03}")).collect();
+    assert_eq!(next, want);
+    for (org, v) in &per_org {
+        let o: usize = org[1..].parse().unwrap();
+        let n = match o {
+            _ if o < 120 && o % 10 == 0 => 4,
+            _ if o < 120 => 3,
+            _ => 1,
+        };
+        assert_eq!(v, &oldest(org, n), "{org}");
+    }
+}
+
+/// A claim of more than 64 jobs over organizations that each hold more than a quantum:
+/// `ceil(limit / 4)` of them in turn, four jobs each (`CLAIM_QUANTUM`); a batch of 17 to 64,
+/// 16 organizations (`CLAIM_MIN_ORGS`); a batch of up to 16, one job each over as many; fewer
+/// organizations in turn than that share the whole batch, as before.
+pub async fn a_claim_serves_organizations_a_quantum_each(s: Arc<dyn Store>) {
+    let mut jobs = vec![];
+    for k in 0..10 {
+        for o in 0..40 {
+            let org = format!("o{o:02}");
+            jobs.push(job(&org, &format!("{org}-{k}")));
+        }
+    }
+    s.enqueue(&jobs).await.unwrap();
+    let counts = |got: &[ClaimedJob]| -> Vec<(String, usize)> {
+        let mut v: Vec<(String, usize)> = ids_per_org(got)
+            .into_iter()
+            .map(|(o, ids)| (o.to_string(), ids.len()))
+            .collect();
+        v.sort();
+        v
+    };
+    let orgs = |r: std::ops::Range<usize>, n: usize| -> Vec<(String, usize)> {
+        r.map(|o| (format!("o{o:02}"), n)).collect()
+    };
+    // 100 jobs: the first 25 organizations in turn, 4 each.
+    let got = s.claim(&[], &req(100, 60_000)).await.unwrap();
+    assert_eq!(counts(&got), orgs(0..25, 4));
+    // 10 jobs: one each of the next 10 in turn.
+    let got = s.claim(&[], &req(10, 60_000)).await.unwrap();
+    assert_eq!(counts(&got), orgs(25..35, 1));
+    // 40 jobs: 16 organizations, the next in turn (o35 to o39, then o00 to o10), 3 each for
+    // the first 8, 2 for the others.
+    let got = s.claim(&[], &req(40, 60_000)).await.unwrap();
+    let mut want = vec![];
+    for (i, o) in (35..40).chain(0..11).enumerate() {
+        want.push((format!("o{o:02}"), if i < 8 { 3 } else { 2 }));
+    }
+    want.sort();
+    assert_eq!(counts(&got), want);
+    // Capped at one an organization: one pass, one job each of the next 30 in turn (o11 to
+    // o34, then o35 to o39 and o00).
+    let capped = ClaimRequest {
+        per_org: 1,
+        ..req(30, 60_000)
+    };
+    let got = s.claim(&[], &capped).await.unwrap();
+    let mut want = orgs(11..40, 1);
+    want.extend(orgs(0..1, 1));
+    want.sort();
+    assert_eq!(counts(&got), want);
 }
 
 /// Organizations whose lanes have several types each, some more than SQLite keeps in a
