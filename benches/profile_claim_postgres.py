@@ -1,13 +1,16 @@
-"""What one Postgres claim costs the server, per lane it serves (issue 15, diagnostic, no anchor).
+"""What one Postgres claim costs the server, and per lane (issue 15, diagnostic, no anchor).
 
 A schema per variant gets gnl's tables and N jobs over ORGS organizations through gnl's own
 ``enqueue_many`` (the bench's jobs, ``bench_drain_postgres.make_jobs``); then one asyncpg
 connection calls ``gnl_claim`` the way a worker with one claim in flight does: each call
 carries the previous claim's jobs as done and asks for C more, until the queue is empty. Each
 call is timed at the client (localhost: the server's time plus one round trip). Printed per
-variant and shape: the median, 10th and 90th percentile µs of the drain's full claims (the
-last, short ones left out); the cost of a lane served beyond a one-lane claim is then
-(median over K orgs - median over 1) / (min(K, C) - 1).
+variant and shape: the median, 10th and 90th percentile µs of the drain's full claims (C jobs;
+the last, short ones left out), and the whole drain's claims summed (the figure to compare
+when variants serve different numbers of lanes a claim). Before migration 0010 a full claim
+served min(K, C) lanes, and the cost of a lane served beyond a one-lane claim was (median
+over K orgs - median over 1) / (min(K, C) - 1); since, a claim of C > 16 serves
+max(16, ceil(C / 4)) of them when each has four jobs due.
 
 Variants (``VARIANTS``, default ``current``): ``current`` is the function gnl's migrations
 left; a path to a ``.sql`` file replaces ``gnl_claim`` (and anything else it restates) in the
