@@ -411,7 +411,8 @@ pub struct ClaimRequest {
     /// claim came back full: jobs are likely due, and the claim is one statement less.
     pub probe: bool,
     /// At most this many jobs an organization (0: no cap; the batch is split among the
-    /// lanes in turn). A claim sent while another claim of the same worker is in flight
+    /// lanes in turn, a quantum at a time: `store::queue::CLAIM_QUANTUM`; a capped claim takes
+    /// one pass over up to `limit` organizations). A claim sent while another claim of the same worker is in flight
     /// asks 1: the lanes that claim holds are skipped, and uncapped, the few lanes left would
     /// split the whole batch.
     pub per_org: usize,

@@ -131,11 +131,19 @@ pub(crate) fn first_pass_orgs(limit: usize, per_org: usize) -> usize {
     }
 }
 
-/// Whether a claim takes its second pass, serving `want` more jobs over up to `want` more
-/// organizations: not capped per organization, jobs still to take, and its first pass read
-/// as many organizations (`read`) as it could serve (`orgs`), so more may be in turn.
-pub(crate) fn second_pass(per_org: usize, want: usize, read: usize, orgs: usize) -> bool {
-    per_org == 0 && want > 0 && read >= orgs
+/// The jobs a claim's second pass asks for, over as many organizations, once its first pass
+/// took `taken` of `limit` jobs from the `read` organizations in turn it read of the `orgs` it
+/// could serve (`first_pass_orgs`). None: no second pass (capped per organization, the batch
+/// full, or fewer organizations in turn than the first pass could serve: none is left).
+pub(crate) fn second_pass(
+    limit: usize,
+    per_org: usize,
+    taken: usize,
+    read: usize,
+    orgs: usize,
+) -> Option<usize> {
+    let want = limit.saturating_sub(taken);
+    (per_org == 0 && want > 0 && read >= orgs).then_some(want)
 }
 
 /// What the queue asks of a database. All instants are the store's clock (epoch ms).

@@ -439,7 +439,7 @@ impl MysqlStore {
         let turned = orgs_in_turn(picked.into_iter().map(|l| (l.0, l.1, l.2)).collect(), orgs);
         let read = turned.len();
         if !turned.is_empty() {
-            // Organizations in turn: each gets an equal share of the batch, the first ones
+            // Organizations in turn: each gets an equal share of the pass, the first ones
             // the rest; an organization's share goes to its earliest due jobs of its lanes
             // (each lane read for at most the share).
             let n = turned.len();
@@ -789,8 +789,7 @@ impl QueueStore for MysqlStore {
         if limit > 0 && !req.types.is_empty() {
             let orgs = first_pass_orgs(limit, req.per_org);
             let read = self.claim_pass(&mut tx, req, limit, orgs, &mut out).await?;
-            let want = limit - out.len().min(limit);
-            if second_pass(req.per_org, want, read, orgs) {
+            if let Some(want) = second_pass(limit, req.per_org, out.len(), read, orgs) {
                 self.claim_pass(&mut tx, req, want, want, &mut out).await?;
             }
         }

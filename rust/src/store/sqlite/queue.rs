@@ -394,11 +394,9 @@ pub(super) fn claim_tx(
     if req.limit == 0 || req.types.is_empty() {
         return Ok(out);
     }
-    let mut want = req.limit;
     let orgs = first_pass_orgs(req.limit, req.per_org);
-    let read = claim_pass(db, req, hot, want, orgs, &mut out)?;
-    want -= out.len().min(want);
-    if second_pass(req.per_org, want, read, orgs) {
+    let read = claim_pass(db, req, hot, req.limit, orgs, &mut out)?;
+    if let Some(want) = second_pass(req.limit, req.per_org, out.len(), read, orgs) {
         claim_pass(db, req, hot, want, want, &mut out)?;
     }
     Ok(out)
