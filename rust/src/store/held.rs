@@ -1,5 +1,7 @@
-//! The journal's held connection (Postgres and MySQL): one connection a store keeps outside its
-//! pool for a run's step writes, so that a step is one statement and one round trip.
+//! Held connections (Postgres and MySQL): a connection a store keeps outside its pool for one
+//! kind of hot call, so that the call is one statement and one round trip: a run's step writes
+//! (the journal's, both engines), and on Postgres a worker's claims (two of them, one a claim in
+//! flight: `PostgresStore::claims`).
 //!
 //! Through the pool a statement costs more than its round trip: the acquire, and on release
 //! sqlx pings the connection (one more round trip, in a task of its own) before the pool may
@@ -9,10 +11,10 @@
 //! pool, as every other call does.
 //!
 //! The connection comes from the pool (its connect options, timeouts and session set-up) and
-//! is detached from it, so a store keeps at most its pool's `max_connections` plus this one. It
-//! is pinged before use once idle for `IDLE_PING` (as the pool's `before_acquire` does), closed
-//! and taken again after `MAX_LIFETIME` (the pool's `max_lifetime`), and dropped after any
-//! error (it may be broken); the next call takes a fresh one. As with a pooled connection, a
+//! is detached from it, so a store keeps at most its pool's `max_connections` plus its held
+//! ones. It is pinged before use once idle for `IDLE_PING` (as the pool's `before_acquire`
+//! does), closed and taken again after `MAX_LIFETIME` (the pool's `max_lifetime`), and dropped
+//! after any error (it may be broken); the next call takes a fresh one. As with a pooled connection, a
 //! connection the server ended less than `IDLE_PING` ago fails the one statement sent on it.
 
 use std::sync::atomic::{AtomicBool, Ordering};

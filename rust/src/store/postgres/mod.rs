@@ -68,6 +68,10 @@ pub struct PostgresStore {
     pool: PgPool,
     /// The journal's step writes (`super::held`).
     held: super::held::Held<Postgres>,
+    /// The worker's claims (`claim_call`): two held connections, one a claim in flight (a
+    /// worker keeps at most two), so a claim pays no acquire and no ping on release
+    /// (`super::held`; DECISIONS "A worker's claims go on two held connections too").
+    claims: [super::held::Held<Postgres>; 2],
     /// Shared with the notification sender, whose statements count too.
     queries: std::sync::Arc<AtomicU64>,
     wake: std::sync::Arc<super::Wakeups>,
@@ -144,6 +148,7 @@ impl PostgresStore {
         let store = PostgresStore {
             pool,
             held: super::held::Held::new(),
+            claims: [super::held::Held::new(), super::held::Held::new()],
             queries: std::sync::Arc::new(AtomicU64::new(0)),
             wake: super::Wakeups::new(true),
             opts: opts.clone(),
@@ -314,6 +319,9 @@ impl Store for PostgresStore {
         }
         self.wake.close();
         self.held.close().await;
+        for h in &self.claims {
+            h.close().await;
+        }
         self.pool.close().await;
     }
 

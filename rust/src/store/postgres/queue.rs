@@ -352,7 +352,7 @@ impl PostgresStore {
             None => (0, 0, Cow::Borrowed(""), &[][..], 0),
         };
         self.counted(1);
-        let rows = sqlx::query(CLAIM)
+        let q = sqlx::query(CLAIM)
             .bind(d_seq)
             .bind(d_tok)
             .bind(d_res)
@@ -368,9 +368,23 @@ impl PostgresStore {
             .bind(d_org)
             .bind(f_org)
             .bind(types)
-            .bind(per_org)
-            .fetch_all(&self.pool)
-            .await?;
+            .bind(per_org);
+        // A worker keeps up to two claims in flight: each takes a held connection that is free.
+        let mut held = None;
+        for h in &self.claims {
+            if let Some(c) = h.take(&self.pool).await? {
+                held = Some(c);
+                break;
+            }
+        }
+        let rows = match held {
+            Some(mut h) => {
+                let r = q.fetch_all(h.conn()).await;
+                h.settle(&r);
+                r?
+            }
+            None => q.fetch_all(&self.pool).await?,
+        };
         Ok(rows
             .iter()
             .map(|r| ClaimedJob {
