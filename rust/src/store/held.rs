@@ -14,8 +14,9 @@
 //! is detached from it, so a store keeps at most its pool's `max_connections` plus its held
 //! ones. It is pinged before use once idle for `IDLE_PING` (as the pool's `before_acquire`
 //! does), closed and taken again after `MAX_LIFETIME` (the pool's `max_lifetime`), and dropped
-//! after any error (it may be broken); the next call takes a fresh one. As with a pooled connection, a
-//! connection the server ended less than `IDLE_PING` ago fails the one statement sent on it.
+//! after any error (it may be broken); the next call takes a fresh one. As with a pooled
+//! connection, a connection the server ended less than `IDLE_PING` ago fails the one statement
+//! sent on it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -98,6 +99,21 @@ impl<DB: Database> Held<DB> {
         }))
     }
 
+    /// The first of `held` that is free (`take`), or None when every one is in use or closed.
+    ///
+    /// Errors: those of the pool's acquire (the store is unavailable).
+    pub(crate) async fn take_free<'a>(
+        held: &'a [Held<DB>],
+        pool: &Pool<DB>,
+    ) -> Result<Option<HeldConn<'a, DB>>> {
+        for h in held {
+            if let Some(c) = h.take(pool).await? {
+                return Ok(Some(c));
+            }
+        }
+        Ok(None)
+    }
+
     /// Close the held connection; later calls take the pool (closed too, by then).
     pub(crate) async fn close(&self) {
         self.closed.store(true, Ordering::Release);
@@ -136,10 +152,14 @@ impl<DB: Database> Drop for HeldConn<'_, DB> {
 }
 
 /// `$call` (a statement's future, sent to the executor `$ex`) on `$store`'s held connection
-/// when it is free, else through its pool; the statement's result, `?` applied.
+/// when it is free (or on the first free one of the held connections `$store.$held`, a
+/// slice), else through its pool; the statement's result, `?` applied.
 macro_rules! on_held {
     ($store:expr, $ex:ident => $call:expr) => {
-        match $store.held.take(&$store.pool).await? {
+        $crate::store::held::on_held!($store, std::slice::from_ref(&$store.held), $ex => $call)
+    };
+    ($store:expr, $held:expr, $ex:ident => $call:expr) => {
+        match $crate::store::held::Held::take_free($held, &$store.pool).await? {
             Some(mut h) => {
                 let r = {
                     let $ex = h.conn();

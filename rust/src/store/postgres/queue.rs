@@ -11,6 +11,7 @@ use sqlx::Row;
 use super::{pg_text, PostgresStore, Tx};
 use crate::error::{Error, Result};
 use crate::model::*;
+use crate::store::held::on_held;
 use crate::store::queue::{append_part, job_counts, job_row, receive_all, JOB_COLS};
 use crate::store::{Part, PartReceiver, QueueStore};
 
@@ -370,21 +371,7 @@ impl PostgresStore {
             .bind(types)
             .bind(per_org);
         // A worker keeps up to two claims in flight: each takes a held connection that is free.
-        let mut held = None;
-        for h in &self.claims {
-            if let Some(c) = h.take(&self.pool).await? {
-                held = Some(c);
-                break;
-            }
-        }
-        let rows = match held {
-            Some(mut h) => {
-                let r = q.fetch_all(h.conn()).await;
-                h.settle(&r);
-                r?
-            }
-            None => q.fetch_all(&self.pool).await?,
-        };
+        let rows = on_held!(self, &self.claims, ex => q.fetch_all(ex));
         Ok(rows
             .iter()
             .map(|r| ClaimedJob {
