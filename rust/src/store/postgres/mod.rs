@@ -43,6 +43,7 @@ mod queue;
 #[cfg(test)]
 mod tests;
 mod triggers;
+mod vacuum;
 mod wake;
 
 /// The oldest server this engine runs on (`server_version_num`).
@@ -79,6 +80,8 @@ pub struct PostgresStore {
     opts: PgConnectOptions,
     /// When a call of this store last looked for expired leases (monotonic).
     reclaims: ReclaimThrottle,
+    /// Vacuums the lanes and lease records the claims churn (`vacuum`).
+    vacuum: vacuum::Vacuum,
     read_timeout: super::ReadTimeout,
 }
 
@@ -153,6 +156,7 @@ impl PostgresStore {
             wake: super::Wakeups::new(true),
             opts: opts.clone(),
             reclaims: ReclaimThrottle::new(),
+            vacuum: vacuum::Vacuum::new(vacuum::VACUUM_EVERY),
             read_timeout: super::ReadTimeout::default(),
         };
         store.counted(1);

@@ -372,6 +372,10 @@ impl PostgresStore {
             .bind(per_org);
         // A worker keeps up to two claims in flight: each takes a held connection that is free.
         let rows = on_held!(self, &self.claims, ex => q.fetch_all(ex));
+        if !rows.is_empty() || !outcomes.is_empty() {
+            // It rewrote lanes and lease records (`super::vacuum`).
+            self.vacuum.after_writes(&self.pool, &self.queries);
+        }
         Ok(rows
             .iter()
             .map(|r| ClaimedJob {

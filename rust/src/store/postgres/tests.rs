@@ -393,3 +393,106 @@ async fn claims_do_not_wait_for_the_pool() {
     })
     .await;
 }
+
+/// Claims over 20 organizations until the queue is empty, each carrying the last one's jobs
+/// as done; returns how many jobs they took.
+async fn drain_claims(store: &super::PostgresStore) -> usize {
+    use crate::store::QueueStore as _;
+    let req = suite::req(5, 60_000);
+    let (mut last, mut taken) = (vec![], 0);
+    loop {
+        let done: Vec<_> = last.iter().map(|j| suite::done(j, "null")).collect();
+        last = store.claim(&done, &req).await.unwrap();
+        if last.is_empty() {
+            return taken;
+        }
+        taken += last.len();
+    }
+}
+
+/// The lanes and lease records that claims churn are vacuumed by the store that claims
+/// (`postgres::vacuum`): the server counts vacuums of both tables, none of them the store's
+/// own calls waited for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_vacuum_the_lanes_and_lease_records() {
+    with_store(Engine::Postgres, |s, url| async move {
+        let jobs: Vec<_> = (0..100)
+            .map(|i| suite::job(&format!("o{}", i % 20), &format!("j{i}")))
+            .collect();
+        s.enqueue(&jobs).await.unwrap();
+        let mut store = super::PostgresStore::connect(&url, 2).await.unwrap();
+        store.vacuum = super::vacuum::Vacuum::new(std::time::Duration::ZERO);
+        assert_eq!(drain_claims(&store).await, 100);
+        let side = side_pool(&url).await;
+        let counts = || async {
+            sqlx::query_as::<_, (i64, i64)>(
+                "SELECT sum(vacuum_count) FILTER (WHERE relname = 'gnl_lanes')::bigint, \
+                        sum(vacuum_count) FILTER (WHERE relname = 'gnl_leases')::bigint \
+                 FROM pg_stat_user_tables WHERE schemaname = current_schema()",
+            )
+            .fetch_one(&side)
+            .await
+            .unwrap()
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while store.vacuum.ran() == 0 || counts().await.0 == 0 || counts().await.1 == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no vacuum: ran {}, server counts {:?}",
+                store.vacuum.ran(),
+                counts().await
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert!(!store.vacuum.may_not());
+        side.close().await;
+        store.close().await;
+    })
+    .await;
+}
+
+/// A store whose role may not vacuum the tables (not their owner) claims as before, never
+/// vacuums, and stops looking after its first look.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_that_may_not_vacuum_claims_all_the_same() {
+    with_store(Engine::Postgres, |s, url| async move {
+        let jobs: Vec<_> = (0..40)
+            .map(|i| suite::job(&format!("o{}", i % 20), &format!("j{i}")))
+            .collect();
+        s.enqueue(&jobs).await.unwrap();
+        let side = side_pool(&url).await;
+        let role = format!("gnl_vac_{}", uuid::Uuid::now_v7().simple());
+        let schema: String = sqlx::query_scalar("SELECT current_schema()")
+            .fetch_one(&side)
+            .await
+            .unwrap();
+        side.execute(
+            format!(
+                "CREATE ROLE {role} NOLOGIN; GRANT USAGE ON SCHEMA {schema} TO {role}; \
+                 GRANT ALL ON ALL TABLES IN SCHEMA {schema} TO {role}; \
+                 GRANT ALL ON ALL SEQUENCES IN SCHEMA {schema} TO {role}"
+            )
+            .as_str(),
+        )
+        .await
+        .unwrap();
+        // The suite's URL ends with its search_path option: the session takes the role too.
+        let as_role = format!("{url}%20-c%20role%3D{role}");
+        let mut store = super::PostgresStore::connect(&as_role, 2).await.unwrap();
+        store.vacuum = super::vacuum::Vacuum::new(std::time::Duration::ZERO);
+        let taken = drain_claims(&store).await;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !store.vacuum.may_not() {
+            assert!(std::time::Instant::now() < deadline, "no look");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert_eq!(taken, 40);
+        assert_eq!(store.vacuum.ran(), 0);
+        store.close().await;
+        side.execute(format!("DROP OWNED BY {role}; DROP ROLE {role}").as_str())
+            .await
+            .unwrap();
+        side.close().await;
+    })
+    .await;
+}
