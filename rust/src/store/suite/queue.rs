@@ -171,10 +171,27 @@ pub async fn a_claim_without_the_probe_claims_the_same(s: Arc<dyn Store>) {
     );
 }
 
+/// How many statements an empty poll sends: the fewest of up to five polls 200 ms apart. A
+/// store may still be running statements of its own that an earlier call set off (Postgres
+/// vacuums the lanes in a task beside its calls, at most once a second, after calls that
+/// wrote them: `store/postgres/vacuum.rs`), which `query_count` counts too; an empty poll
+/// writes nothing and sets off none.
+async fn empty_poll_statements(s: &Arc<dyn Store>, r: &ClaimRequest) -> u64 {
+    let mut seen = vec![];
+    for _ in 0..5 {
+        let before = s.query_count();
+        assert!(s.claim(&[], r).await.unwrap().is_empty());
+        seen.push(s.query_count() - before);
+        if seen.last() == Some(&1) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    *seen.iter().min().unwrap()
+}
+
 pub async fn an_empty_poll_is_one_query_whatever_the_lanes(s: Arc<dyn Store>) {
-    let before = s.query_count();
-    assert!(s.claim(&[], &req(10, 60_000)).await.unwrap().is_empty());
-    assert_eq!(s.query_count() - before, 1);
+    assert_eq!(empty_poll_statements(&s, &req(10, 60_000)).await, 1);
     // 300 lanes, every job done: an empty poll still costs one query.
     let jobs: Vec<NewJob> = (0..300).map(|i| job(&format!("o{i}"), "x")).collect();
     s.enqueue(&jobs).await.unwrap();
@@ -189,16 +206,12 @@ pub async fn an_empty_poll_is_one_query_whatever_the_lanes(s: Arc<dyn Store>) {
         }
     }
     assert_eq!(n, 300);
-    let before = s.query_count();
-    assert!(s.claim(&[], &req(10, 60_000)).await.unwrap().is_empty());
-    assert_eq!(s.query_count() - before, 1);
+    assert_eq!(empty_poll_statements(&s, &req(10, 60_000)).await, 1);
     // A job delayed into the future does not make a poll more than one query either.
     let mut later = job("o1", "later");
     later.delay_ms = Some(60_000);
     s.enqueue(&[later]).await.unwrap();
-    let before = s.query_count();
-    assert!(s.claim(&[], &req(10, 60_000)).await.unwrap().is_empty());
-    assert_eq!(s.query_count() - before, 1);
+    assert_eq!(empty_poll_statements(&s, &req(10, 60_000)).await, 1);
 }
 
 /// Lanes whose jobs are all due later (a reminder in an hour, per organization) change nothing
@@ -240,9 +253,11 @@ pub async fn idle_lanes_leave_the_turn_of_due_lanes_as_it_was(s: Arc<dyn Store>)
     // s (never served) first, then m (served before a and b were last).
     let then = claim_one_by_one(&s, 6).await;
     assert_eq!(then, ["s0", "m1", "a2", "b2", "a3", "b3"]);
-    let before = s.query_count();
-    assert!(s.claim(&[], &req(10, 60_000)).await.unwrap().is_empty());
-    assert_eq!(s.query_count() - before, 1, "the empty poll is one query");
+    assert_eq!(
+        empty_poll_statements(&s, &req(10, 60_000)).await,
+        1,
+        "the empty poll is one query"
+    );
     let mut r = req(10, 60_000);
     r.probe = false;
     assert!(s.claim(&[], &r).await.unwrap().is_empty());
@@ -307,14 +322,8 @@ pub async fn a_claim_takes_only_the_types_it_asks_for(s: Arc<dyn Store>) {
         .await
         .unwrap()
         .is_empty());
-    let before = s.query_count();
-    assert!(s
-        .claim(&[], &req_types(10, &["x"]))
-        .await
-        .unwrap()
-        .is_empty());
     assert_eq!(
-        s.query_count() - before,
+        empty_poll_statements(&s, &req_types(10, &["x"])).await,
         1,
         "the empty poll of x is one query"
     );
