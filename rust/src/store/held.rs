@@ -1,7 +1,7 @@
 //! Held connections (Postgres and MySQL): a connection a store keeps outside its pool for one
-//! kind of hot call, so that the call is one statement and one round trip: a run's step writes
-//! (the journal's, both engines), and on Postgres a worker's claims (two of them, one a claim in
-//! flight: `PostgresStore::claims`).
+//! kind of hot call, so that the call pays no acquire and no ping on release: a run's step
+//! writes (the journal's, both engines), and a worker's claims (two of them, one a claim in
+//! flight: `PostgresStore::claims`, one statement; `MysqlStore::claims`, a transaction).
 //!
 //! Through the pool a statement costs more than its round trip: the acquire, and on release
 //! sqlx pings the connection (one more round trip, in a task of its own) before the pool may
@@ -135,8 +135,13 @@ impl<DB: Database> HeldConn<'_, DB> {
     /// Give the connection back after a call that answered `r`: kept after a success, dropped
     /// after an error (the connection may be broken: a server that ends a session answers the
     /// next statement with a database error first, then the socket closes).
-    pub(crate) fn settle<T>(mut self, r: &sqlx::Result<T>) {
-        if let (Ok(_), Some(k)) = (r, self.guard.as_mut()) {
+    pub(crate) fn settle<T>(self, r: &sqlx::Result<T>) {
+        self.settle_ok(r.is_ok());
+    }
+
+    /// `settle` after a call of several statements (a transaction) that succeeded or not.
+    pub(crate) fn settle_ok(mut self, ok: bool) {
+        if let (true, Some(k)) = (ok, self.guard.as_mut()) {
             k.used = Instant::now();
             self.settled = true;
         }
@@ -178,8 +183,8 @@ macro_rules! on_held {
 }
 pub(crate) use on_held;
 
-/// The held connection's tests, instantiated in each server engine's `tests.rs` (they reach the
-/// store's pool and held connection): `$store` the engine's store type, `$id` the SQL of the
+/// The held connections' tests (the journal's and the claims'), instantiated in each server
+/// engine's `tests.rs` (they reach the store's pool and held connections): `$store` the engine's store type, `$id` the SQL of the
 /// connection's server id, `$kill` the statement that ends a connection (`{}`: the id).
 #[cfg(test)]
 macro_rules! held_connection_tests {
@@ -239,6 +244,72 @@ macro_rules! held_connection_tests {
                     assert_eq!(row.result, Some(n.to_string()));
                 }
                 s.close().await;
+            })
+            .await;
+        }
+
+        /// A worker's claims go on the store's two held claim connections: once they are open,
+        /// with the pool's only connection taken elsewhere, two claims in flight at once are
+        /// both served, and so is the next one, which carries their outcomes (through the pool
+        /// they would wait for it, then fail).
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn claims_do_not_wait_for_the_pool() {
+            use crate::model::ClaimRequest;
+            use crate::store::suite;
+            use crate::store::QueueStore as _;
+            with_store(Engine::$engine, |s, url| async move {
+                let jobs: Vec<_> = (0..6).map(|i| suite::job(&format!("o{i}"), "j")).collect();
+                s.enqueue(&jobs).await.unwrap();
+                let store = <$store>::connect(&url, 1).await.unwrap();
+                use tokio::time::timeout as in_time;
+                let t = std::time::Duration::from_secs(5);
+                // No probe first (a probe is a statement through the pool, as a worker's claim
+                // that carries no outcomes may send).
+                let req = ClaimRequest {
+                    probe: false,
+                    ..suite::req(1, 60_000)
+                };
+                let mut got = vec![];
+                for pool_taken in [false, true] {
+                    // The first pair opens the held connections (each from the pool, then
+                    // detached).
+                    let taken = if pool_taken {
+                        Some(store.pool.acquire().await.unwrap())
+                    } else {
+                        None
+                    };
+                    let (a, b) = tokio::join!(
+                        in_time(t, store.claim(&[], &req)),
+                        in_time(t, store.claim(&[], &req))
+                    );
+                    got.extend(a.expect("a claim waited").unwrap());
+                    got.extend(b.expect("a claim waited").unwrap());
+                    if pool_taken {
+                        let done: Vec<_> = got.iter().map(|j| suite::done(j, "null")).collect();
+                        let req = ClaimRequest {
+                            limit: 6,
+                            ..req.clone()
+                        };
+                        let c = in_time(t, store.claim(&done, &req))
+                            .await
+                            .expect("a claim waited")
+                            .unwrap();
+                        // Two claims at once may find each other's lanes locked (SKIP LOCKED):
+                        // the jobs they left are the last one's.
+                        assert_eq!(c.len(), 6 - got.len(), "{got:?} {c:?}");
+                    }
+                    drop(taken);
+                }
+                assert!(got.len() >= 2, "{got:?}");
+                let mut states = vec![];
+                for i in 0..6 {
+                    let row = s.get_job(&format!("o{i}"), "j").await.unwrap().unwrap();
+                    states.push(row.state);
+                }
+                let done = states.iter().filter(|st| st.as_str() == "done").count();
+                let running = states.iter().filter(|st| st.as_str() == "running").count();
+                assert_eq!((done, running), (got.len(), 6 - got.len()), "{states:?}");
+                store.close().await;
             })
             .await;
         }

@@ -193,6 +193,10 @@ pub struct MysqlStore {
     pool: MySqlPool,
     /// The journal's step writes (`super::held`).
     held: super::held::Held<MySql>,
+    /// The worker's claims (`claim_on`): two held connections, one a claim in flight (a
+    /// worker keeps at most two), so a claim pays no acquire and no ping on release
+    /// (`super::held`; DECISIONS "A worker's claims go on two held connections too").
+    claims: [super::held::Held<MySql>; 2],
     queries: AtomicU64,
     /// Bytes a statement's arguments may take: half the server's `max_allowed_packet`.
     budget: usize,
@@ -291,6 +295,7 @@ impl MysqlStore {
         Ok(MysqlStore {
             pool,
             held: super::held::Held::new(),
+            claims: [super::held::Held::new(), super::held::Held::new()],
             queries: AtomicU64::new(1),
             budget: max_packet / 2,
             max_packet,
@@ -483,6 +488,9 @@ impl Store for MysqlStore {
     async fn close(&self) {
         self.wake.close();
         self.held.close().await;
+        for h in &self.claims {
+            h.close().await;
+        }
         self.pool.close().await;
     }
 

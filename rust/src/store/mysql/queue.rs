@@ -7,11 +7,12 @@ use std::sync::atomic::Ordering;
 
 use async_trait::async_trait;
 use sqlx::mysql::{MySqlConnection, MySqlRow};
-use sqlx::Row;
+use sqlx::{Connection, Row};
 
 use super::{is_syntax_error, opt_text, plan, text, MysqlStore, Sql};
 use crate::error::{Error, Result};
 use crate::model::*;
+use crate::store::held::Held;
 use crate::store::queue::{
     first_pass_orgs, job_counts, marks, orgs_in_turn, second_pass, share, JOB_COLS,
 };
@@ -129,6 +130,41 @@ fn job_row(r: &MySqlRow) -> JobRow {
 const ENQUEUE_PART_BYTES: usize = 256 << 10;
 
 impl MysqlStore {
+    /// A claim's transaction on `conn`: outcomes, (when `reclaim`) expired leases taken back,
+    /// the lanes of jobs due again, then up to two passes over the lanes in turn.
+    async fn claim_on(
+        &self,
+        conn: &mut MySqlConnection,
+        finished: &[Outcome],
+        req: &ClaimRequest,
+        reclaim: bool,
+    ) -> Result<Vec<ClaimedJob>> {
+        self.counted(1);
+        let mut tx = conn.begin().await?;
+        let mut back = vec![];
+        self.write_outcomes(&mut tx, finished, &mut back).await?;
+        if reclaim {
+            self.reclaim(&mut tx, &mut back).await?;
+        }
+        back.sort_unstable();
+        back.dedup();
+        self.lanes_due(&mut tx, &back).await?;
+        let mut out = Vec::new();
+        // At most MAX_CLAIM jobs a call: every statement below then stays under the
+        // placeholder limit (four per lane).
+        let limit = req.limit.min(MAX_CLAIM);
+        if limit > 0 && !req.types.is_empty() {
+            let orgs = first_pass_orgs(limit, req.per_org);
+            let read = self.claim_pass(&mut tx, req, limit, orgs, &mut out).await?;
+            if let Some(want) = second_pass(limit, req.per_org, out.len(), read, orgs) {
+                self.claim_pass(&mut tx, req, want, want, &mut out).await?;
+            }
+        }
+        self.counted(1);
+        tx.commit().await?;
+        Ok(out)
+    }
+
     /// Write outcomes (conditional on seq, token and state running); the seqs of failed
     /// attempts go to `back` (their lanes may need lowering).
     async fn write_outcomes(
@@ -773,28 +809,19 @@ impl QueueStore for MysqlStore {
         } else {
             reclaim = self.reclaims.due();
         }
-        let mut tx = self.begin().await?;
-        let mut back = vec![];
-        self.write_outcomes(&mut tx, finished, &mut back).await?;
-        if reclaim {
-            self.reclaim(&mut tx, &mut back).await?;
-        }
-        back.sort_unstable();
-        back.dedup();
-        self.lanes_due(&mut tx, &back).await?;
-        let mut out = Vec::new();
-        // At most MAX_CLAIM jobs a call: every statement below then stays under the
-        // placeholder limit (four per lane).
-        let limit = req.limit.min(MAX_CLAIM);
-        if limit > 0 && !req.types.is_empty() {
-            let orgs = first_pass_orgs(limit, req.per_org);
-            let read = self.claim_pass(&mut tx, req, limit, orgs, &mut out).await?;
-            if let Some(want) = second_pass(limit, req.per_org, out.len(), read, orgs) {
-                self.claim_pass(&mut tx, req, want, want, &mut out).await?;
+        // A worker keeps up to two claims in flight: each runs on a held connection that is
+        // free (no pool acquire, no sqlx ping on release: `store::held`), else on the pool's.
+        match Held::take_free(&self.claims, &self.pool).await? {
+            Some(mut h) => {
+                let r = self.claim_on(h.conn(), finished, req, reclaim).await;
+                h.settle_ok(r.is_ok());
+                r
+            }
+            None => {
+                let mut conn = self.pool.acquire().await?;
+                self.claim_on(&mut conn, finished, req, reclaim).await
             }
         }
-        self.commit(tx).await?;
-        Ok(out)
     }
 
     async fn finish(&self, outcomes: &[Outcome]) -> Result<()> {

@@ -6,7 +6,6 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::Executor;
 
 use crate::error::Error;
-use crate::model::ClaimRequest;
 use crate::store::open;
 use crate::store::suite::{self, with_store, Engine, Fresh};
 
@@ -326,70 +325,6 @@ async fn outcomes_in_completion_order_do_not_deadlock_with_the_renewal() {
         let status = r.await.unwrap();
         assert!(status.is_ok(), "the renewal failed: {status:?}");
         side.close().await;
-    })
-    .await;
-}
-
-/// A worker's claims go on the store's two held claim connections: once they are open, with
-/// the pool's only connection taken elsewhere, two claims in flight at once are both served, and
-/// so is the next one, which carries their outcomes (through the pool they would wait for it).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn claims_do_not_wait_for_the_pool() {
-    use crate::store::QueueStore as _;
-    with_store(Engine::Postgres, |s, url| async move {
-        let jobs: Vec<_> = (0..6).map(|i| suite::job(&format!("o{i}"), "j")).collect();
-        s.enqueue(&jobs).await.unwrap();
-        let store = super::PostgresStore::connect(&url, 1).await.unwrap();
-        use tokio::time::timeout as in_time;
-        let t = std::time::Duration::from_secs(5);
-        // No probe first (a probe is a statement through the pool, as a worker's claim that
-        // carries no outcomes may send).
-        let req = ClaimRequest {
-            probe: false,
-            ..suite::req(1, 60_000)
-        };
-        let mut got = vec![];
-        for pool_taken in [false, true] {
-            // The first pair opens the held connections (each from the pool, then detached).
-            let taken = if pool_taken {
-                Some(store.pool.acquire().await.unwrap())
-            } else {
-                None
-            };
-            let (a, b) = tokio::join!(
-                in_time(t, store.claim(&[], &req)),
-                in_time(t, store.claim(&[], &req))
-            );
-            got.extend(a.expect("a claim waited").unwrap());
-            got.extend(b.expect("a claim waited").unwrap());
-            if pool_taken {
-                let done: Vec<_> = got.iter().map(|j| suite::done(j, "null")).collect();
-                let req = ClaimRequest {
-                    limit: 6,
-                    ..req.clone()
-                };
-                let c = in_time(t, store.claim(&done, &req))
-                    .await
-                    .expect("a claim waited")
-                    .unwrap();
-                // Two claims at once may find each other's lanes locked (SKIP LOCKED): the
-                // jobs they left are the last one's.
-                assert_eq!(c.len(), 6 - got.len(), "{got:?} {c:?}");
-            }
-            drop(taken);
-        }
-        assert!(got.len() >= 2, "{got:?}");
-        let side = side_pool(&url).await;
-        let states: (i64, i64) = sqlx::query_as(
-            "SELECT count(*) FILTER (WHERE state = 'done'), \
-                    count(*) FILTER (WHERE state = 'running') FROM gnl_jobs",
-        )
-        .fetch_one(&side)
-        .await
-        .unwrap();
-        assert_eq!(states, (got.len() as i64, 6 - got.len() as i64));
-        side.close().await;
-        store.close().await;
     })
     .await;
 }
