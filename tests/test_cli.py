@@ -461,6 +461,44 @@ def test_an_empty_job_id_is_bad_usage(command: str, tmp_path: Path) -> None:
     assert "non-empty" in err
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("jobs", "list", "--org", ""),
+        ("jobs", "list", "--all", "--type", ""),
+        ("jobs", "show", "x", "--org", ""),
+    ],
+    ids=["list --org", "list --type", "show --org"],
+)
+def test_an_empty_organization_or_type_is_bad_usage(args: tuple[str, ...], tmp_path: Path) -> None:
+    # An empty --type listed nothing ("no jobs on the store"); an empty --org gave the API's
+    # advice to use None. Both are refused as an empty id is, before the store is opened.
+    url = f"sqlite:///{tmp_path}/s.db"
+    asyncio.run(gnl.upgrade(url))
+    err = one_line_error(gnl_cmd(*args, "--url", url), 2)
+    assert "non-empty" in err and "None" not in err, err
+
+
+def test_retry_and_cancel_say_why_nothing_changed(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/s.db"
+
+    async def seed() -> None:
+        async with await gnl.connect(url) as storage:
+            await gnl.enqueue(storage.work, "t", {}, id="waiting", org_id="acme")
+
+    asyncio.run(seed())
+    # A job that exists: its state, and what the command needs of it.
+    err = one_line_error(gnl_cmd("jobs", "retry", "waiting", "--org", "acme", "--url", url), 1)
+    assert err == (
+        "gnl: job 'waiting' in org 'acme' is pending; only a dead job can be retried, "
+        "nothing changed"
+    ), err
+    # A job that does not exist: only that (no word on the states it would need).
+    for command in ("retry", "cancel"):
+        err = one_line_error(gnl_cmd("jobs", command, "nope", "--org", "acme", "--url", url), 1)
+        assert err == "gnl: no job 'nope' in org 'acme'", err
+
+
 @pytest.mark.parametrize("args", [(), ("jobs",), ("runs",)], ids=lambda a: " ".join(a) or "gnl")
 def test_a_group_without_its_command_prints_its_help(args: tuple[str, ...]) -> None:
     r = gnl_cmd(*args)

@@ -52,8 +52,21 @@ def _ex(*lines: str) -> str:
     return "\b\nExamples:\n" + "\n".join(f"  {ln}" for ln in lines)
 
 
+def _nonempty(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """An id, organization or type: an empty one is bad usage (exit 2), as gnl's API refuses
+    it (None: the option was not given)."""
+    if value == "":
+        raise click.BadParameter("must be a non-empty string")
+    return value
+
+
 _org_option = click.option(
-    "--org", "org", metavar="ORG", default=None, help="The job's organization (default: none)."
+    "--org",
+    "org",
+    metavar="ORG",
+    default=None,
+    callback=_nonempty,
+    help="The job's organization (default: none).",
 )
 
 
@@ -87,13 +100,6 @@ def _run(coro_fn: Callable[[], Awaitable[T]]) -> T:
         _fail_error(e)
     except KeyboardInterrupt:
         _fail("interrupted", 130)
-
-
-def _nonempty(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    """An id argument: an empty one is bad usage (exit 2), as gnl's API refuses it."""
-    if value == "":
-        raise click.BadParameter("must be a non-empty string")
-    return value
 
 
 def _need_url(url: str | None) -> str:
@@ -294,7 +300,7 @@ class _OneLineErrors(click.Group):
         "export GNL_URL=sqlite:///jobs.db",
         "gnl upgrade",
         "gnl run myapp.tasks:app",
-        "gnl jobs list --state dead",
+        "gnl jobs list --all --state dead",
     ),
 )
 @click.version_option(gnl.__version__, prog_name="gnl")
@@ -434,7 +440,7 @@ def demo(
 # -- jobs -----------------------------------------------------------------------------------------
 
 
-@cli.group(epilog=_ex("gnl jobs list --state dead", "gnl jobs retry JOB_ID"))
+@cli.group(epilog=_ex("gnl jobs list --all --state dead", "gnl jobs retry JOB_ID"))
 def jobs() -> None:
     """List, show, retry and cancel jobs."""
 
@@ -449,7 +455,7 @@ def jobs() -> None:
 @_url_option
 @_org_option
 @click.option("--state", type=click.Choice(STATES), help="Only jobs in this state.")
-@click.option("--type", "job_type", metavar="T", help="Only jobs of this type.")
+@click.option("--type", "job_type", metavar="T", callback=_nonempty, help="Only jobs of this type.")
 @click.option("--all", "all_orgs", is_flag=True, help="Every organization's jobs (not with --org).")
 @click.option(
     "--limit", default=50, show_default=True, type=click.IntRange(1, 10_000), help="Jobs to show."
@@ -604,12 +610,14 @@ def jobs_show(job_id: str, url: str | None, org: str | None, as_json: bool) -> N
 _NO_ORG_HINT = "without organization (give --org ORG if it has one)"
 
 
-async def _explain(storage: gnl.Storage, job_id: str, org: str | None) -> str:
+async def _explain(storage: gnl.Storage, job_id: str, org: str | None, why: str) -> str:
+    """Why a retry or cancel changed nothing: the job is missing (said alone), or its state
+    and ``why`` (what the command needs of it)."""
     job = await gnl.get_job(storage.work, job_id, org)
     where = f"in org {org!r}" if org else "without organization"
     if job is None:
         return f"no job {job_id!r} " + (where if org else _NO_ORG_HINT)
-    return f"job {job_id!r} {where} is {job.state}"
+    return f"job {job_id!r} {where} is {job.state}; {why}, nothing changed"
 
 
 @jobs.command("retry", epilog=_ex("gnl jobs retry order-42 --org acme"))
@@ -625,11 +633,11 @@ def jobs_retry(job_id: str, url: str | None, org: str | None, as_json: bool) -> 
         async with await _open(target) as storage:
             if await gnl.retry_job(storage.work, job_id, org):
                 return True, ""
-            return False, await _explain(storage, job_id, org)
+            return False, await _explain(storage, job_id, org, "only a dead job can be retried")
 
     ok, why = _run(go)
     if not ok:
-        _fail(f"{why}; only a dead job can be retried, nothing changed", 1)
+        _fail(why, 1)
     if as_json:
         _print_json({"id": job_id, "org_id": org, "state": "pending"})
         return
@@ -654,11 +662,12 @@ def jobs_cancel(
             if await gnl.cancel_job(storage.work, job_id, org, reason):
                 state = before.state if before is not None else "pending"
                 return True, state
-            return False, await _explain(storage, job_id, org)
+            why = "only a pending or running job can be canceled"
+            return False, await _explain(storage, job_id, org, why)
 
     ok, info = _run(go)
     if not ok:
-        _fail(f"{info}; only a pending or running job can be canceled, nothing changed", 1)
+        _fail(info, 1)
     if as_json:
         _print_json(
             {"id": job_id, "org_id": org, "state": "canceling" if info == "running" else "canceled"}
