@@ -274,6 +274,29 @@ def test_a_missing_database_or_user_says_what_to_change(backend: str) -> None:
     assert "gnl_no_such_user" in err and "check the URL's user and password" in err, err
 
 
+def test_a_missing_postgres_schema_says_to_create_it() -> None:
+    # The URL's search_path names a schema nobody created: `jobs list` sent the user to
+    # `gnl upgrade`, which failed with the server's "no schema has been selected to create in"
+    # (a bare `store error (3F000)`). Both now say what to do.
+    server = _server("postgres")
+    if isinstance(server, str):
+        missing_server(server)
+        return
+    sep = "&" if "?" in server.admin_url else "?"
+    url = f"{server.admin_url}{sep}options=-c%20search_path%3Dgnl_no_such_schema"
+    for args in (("jobs", "list", "--url", url), ("upgrade", url)):
+        err = one_line_error(gnl_cmd(*args), 2)
+        assert "InvalidArgumentError" in err and "gnl_no_such_schema" in err, err
+        assert "create it first (CREATE SCHEMA" in err and "3F000" not in err, err
+
+
+def test_a_bad_url_option_is_said_once() -> None:
+    # sqlx's reason read "error with configuration: error with configuration: unknown value".
+    err = one_line_error(gnl_cmd("jobs", "list", "--url", "postgres://u@h/db?sslmode=bogus"), 2)
+    assert "bad Postgres URL" in err and "bogus" in err, err
+    assert "error with configuration" not in err, err
+
+
 @pytest.mark.parametrize("args", STORE_COMMANDS, ids=lambda a: " ".join(a))
 def test_a_store_in_a_missing_directory_is_bad_usage_worded_alike(
     args: tuple[str, ...], tmp_path: Path

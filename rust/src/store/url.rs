@@ -66,6 +66,17 @@ pub fn redact(url: &str) -> String {
     out
 }
 
+/// sqlx's error about a URL it could not parse, without the "error with configuration: "
+/// prefix it repeats once per wrapping (`?sslmode=bogus` read "error with configuration:
+/// error with configuration: unknown value \"bogus\"").
+pub(crate) fn reason(e: &sqlx::Error) -> String {
+    let mut m = e.to_string();
+    while let Some(rest) = m.strip_prefix("error with configuration: ") {
+        m = rest.to_string();
+    }
+    m
+}
+
 /// The server a connection goes to, as an error names it: the socket's path when one is set,
 /// else `host:port` (an IPv6 address in brackets).
 pub fn server(socket: Option<&std::path::PathBuf>, host: &str, port: u16) -> String {

@@ -234,7 +234,7 @@ impl MysqlStore {
 
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
         let opts = MySqlConnectOptions::from_str(url)
-            .map_err(|e| Error::invalid(format!("bad MySQL URL: {e}")))?
+            .map_err(|e| Error::invalid(format!("bad MySQL URL: {}", super::url::reason(&e))))?
             .timezone(Some(String::from("+00:00")))
             .statement_cache_capacity(STATEMENT_CACHE);
         let pool = MySqlPoolOptions::new()

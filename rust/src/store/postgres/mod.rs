@@ -115,7 +115,7 @@ impl std::ops::DerefMut for Read {
 impl PostgresStore {
     pub async fn connect(url: &str, max_connections: u32) -> Result<Self> {
         let opts = PgConnectOptions::from_str(url)
-            .map_err(|e| Error::invalid(format!("bad Postgres URL: {e}")))?
+            .map_err(|e| Error::invalid(format!("bad Postgres URL: {}", super::url::reason(&e))))?
             .statement_cache_capacity(256);
         let pool = PgPoolOptions::new()
             .max_connections(max_connections.max(1))
@@ -187,6 +187,25 @@ impl PostgresStore {
 
     fn counted(&self, n: u64) {
         self.queries.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Errors with `InvalidArgumentError` when the connection's search path names no schema
+    /// that exists (a URL's `search_path` option naming one nobody created): gnl creates its
+    /// tables in the current schema, not the schema itself. (The server's own error came at
+    /// `gnl upgrade`: "no schema has been selected to create in", code 3F000.)
+    async fn schema_exists(&self) -> Result<()> {
+        self.counted(1);
+        let (exists, path): (bool, String) =
+            sqlx::query_as("SELECT current_schema() IS NOT NULL, current_setting('search_path')")
+                .fetch_one(&self.pool)
+                .await?;
+        if exists {
+            return Ok(());
+        }
+        Err(Error::invalid(format!(
+            "no schema of the search path ({path}) exists in this database: gnl creates its \
+             tables, not the schema; create it first (CREATE SCHEMA ...)"
+        )))
     }
 
     /// A connection for a read cut off after `ms` (0: not cut off): the one mechanism by
@@ -263,6 +282,7 @@ impl Store for PostgresStore {
             .fetch_one(&self.pool)
             .await?;
         if !has {
+            self.schema_exists().await?;
             return Ok(None);
         }
         self.counted(1);
@@ -273,6 +293,7 @@ impl Store for PostgresStore {
     }
 
     async fn migrate(&self) -> Result<()> {
+        self.schema_exists().await?;
         let mut tx = self.begin().await?;
         // One migrator at a time per schema; the lock ends with the transaction. DDL is
         // transactional here: a failed migration leaves nothing behind.
