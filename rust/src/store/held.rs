@@ -184,8 +184,9 @@ macro_rules! on_held {
 pub(crate) use on_held;
 
 /// The held connections' tests (the journal's and the claims'), instantiated in each server
-/// engine's `tests.rs` (they reach the store's pool and held connections): `$store` the engine's store type, `$id` the SQL of the
-/// connection's server id, `$kill` the statement that ends a connection (`{}`: the id).
+/// engine's `tests.rs` (they reach the store's pool and held connections): `$store` the
+/// engine's store type, `$id` the SQL of the connection's server id, `$kill` the statement
+/// that ends a connection (`{}`: the id).
 #[cfg(test)]
 macro_rules! held_connection_tests {
     ($engine:ident, $store:ty, $id:literal, $kill:literal) => {

@@ -192,7 +192,9 @@ impl PostgresStore {
     /// Errors with `InvalidArgumentError` when the connection's search path names no schema
     /// that exists (a URL's `search_path` option naming one nobody created): gnl creates its
     /// tables in the current schema, not the schema itself. (The server's own error came at
-    /// `gnl upgrade`: "no schema has been selected to create in", code 3F000.)
+    /// `gnl upgrade`: "no schema has been selected to create in", code 3F000.) Asked by
+    /// `schema_version` when it finds no store, which opening and upgrading read before they
+    /// migrate.
     async fn schema_exists(&self) -> Result<()> {
         self.counted(1);
         let (exists, path): (bool, String) =
@@ -293,7 +295,6 @@ impl Store for PostgresStore {
     }
 
     async fn migrate(&self) -> Result<()> {
-        self.schema_exists().await?;
         let mut tx = self.begin().await?;
         // One migrator at a time per schema; the lock ends with the transaction. DDL is
         // transactional here: a failed migration leaves nothing behind.

@@ -22,7 +22,7 @@
 //! vacuum (the store away) is tried again at the next interval. MySQL (InnoDB's purge runs
 //! all the time) and SQLite (no dead row versions) need none of this.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -47,10 +47,6 @@ const LOOK: &str = "SELECT pg_has_role(c.relowner, 'USAGE'), \
 /// dead rows, and the entries to remove are those the claims read first.
 const VACUUM: &str = "VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON) gnl_lanes, gnl_leases";
 
-const MAY_UNKNOWN: u8 = 0;
-const MAY: u8 = 1;
-const MAY_NOT: u8 = 2;
-
 /// When this store last vacuumed (or looked), and whether it may (see the module's text).
 pub(super) struct Vacuum {
     state: Arc<State>,
@@ -63,7 +59,8 @@ struct State {
     next: AtomicU64,
     /// A look or a vacuum is in flight.
     running: AtomicBool,
-    may: AtomicU8,
+    /// A look found that this store's role may not vacuum the tables: it never looks again.
+    may_not: AtomicBool,
     /// Vacuums this store ran (tests).
     ran: AtomicU64,
 }
@@ -77,7 +74,7 @@ impl Vacuum {
                 every,
                 next: AtomicU64::new(0),
                 running: AtomicBool::new(false),
-                may: AtomicU8::new(MAY_UNKNOWN),
+                may_not: AtomicBool::new(false),
                 ran: AtomicU64::new(0),
             }),
         }
@@ -88,7 +85,7 @@ impl Vacuum {
     /// clock read otherwise.
     pub(super) fn after_writes(&self, pool: &PgPool, queries: &Arc<AtomicU64>) {
         let s = &self.state;
-        if s.may.load(Ordering::Relaxed) == MAY_NOT
+        if s.may_not.load(Ordering::Relaxed)
             || s.ms() < s.next.load(Ordering::Relaxed)
             || s.running.swap(true, Ordering::Acquire)
         {
@@ -117,7 +114,7 @@ impl Vacuum {
     /// Whether a look found that this store's role may not vacuum the tables.
     #[cfg(test)]
     pub(super) fn may_not(&self) -> bool {
-        self.state.may.load(Ordering::Relaxed) == MAY_NOT
+        self.state.may_not.load(Ordering::Relaxed)
     }
 }
 
@@ -141,10 +138,9 @@ impl State {
             return self.every;
         };
         if !may {
-            self.may.store(MAY_NOT, Ordering::Relaxed);
+            self.may_not.store(true, Ordering::Relaxed);
             return self.every;
         }
-        self.may.store(MAY, Ordering::Relaxed);
         let every = self.every.as_millis() as i64;
         if let Some(since) = since.filter(|&ms| (0..every).contains(&ms)) {
             // Vacuumed lately (by another process, or autovacuum): look again when the

@@ -171,14 +171,17 @@ pub async fn a_claim_without_the_probe_claims_the_same(s: Arc<dyn Store>) {
     );
 }
 
-/// How many statements an empty poll sends: the fewest of up to five polls 200 ms apart. A
-/// store may still be running statements of its own that an earlier call set off (Postgres
-/// vacuums the lanes in a task beside its calls, at most once a second, after calls that
-/// wrote them: `store/postgres/vacuum.rs`), which `query_count` counts too; an empty poll
-/// writes nothing and sets off none.
+/// How many statements an empty poll sends. On Postgres a store may still be running
+/// statements of its own that an earlier call set off (it vacuums the lanes in a task beside its
+/// calls, at most once a second, after calls that wrote them: `store/postgres/vacuum.rs`), which
+/// `query_count` counts too (a look and a vacuum, at most two): there a poll that counts those
+/// is polled again, up to five times 200 ms apart, and the last count is returned. An empty
+/// poll writes nothing and sets off none. On the other engines nothing runs beside the calls:
+/// one poll.
 async fn empty_poll_statements(s: &Arc<dyn Store>, r: &ClaimRequest) -> u64 {
+    let tries = if s.backend() == "postgres" { 5 } else { 1 };
     let mut seen = vec![];
-    for _ in 0..5 {
+    for _ in 0..tries {
         let before = s.query_count();
         assert!(s.claim(&[], r).await.unwrap().is_empty());
         seen.push(s.query_count() - before);
@@ -187,7 +190,9 @@ async fn empty_poll_statements(s: &Arc<dyn Store>, r: &ClaimRequest) -> u64 {
         }
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
-    *seen.iter().min().unwrap()
+    // No poll ever counted more than itself and a look and a vacuum beside it.
+    assert!(seen.iter().all(|&n| n <= 3), "{seen:?}");
+    *seen.last().unwrap()
 }
 
 pub async fn an_empty_poll_is_one_query_whatever_the_lanes(s: Arc<dyn Store>) {
