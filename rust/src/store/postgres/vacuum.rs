@@ -44,8 +44,11 @@ const LOOK: &str = "SELECT pg_has_role(c.relowner, 'USAGE'), \
 
 /// Both tables, one statement (the simple protocol: VACUUM runs outside a transaction).
 /// `INDEX_CLEANUP ON`: since Postgres 14 a vacuum skips the indexes when few heap pages hold
-/// dead rows, and the entries to remove are those the claims read first.
-const VACUUM: &str = "VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON) gnl_lanes, gnl_leases";
+/// dead rows, and the entries to remove are those the claims read first. `TRUNCATE OFF`: the
+/// tables' empty last pages are filled again within the second, and cutting them off takes
+/// the table's ACCESS EXCLUSIVE lock (every claim waits meanwhile) or, while claims hold
+/// their locks, retries for up to 5 s (seen as `VacuumTruncate` waits during a drain).
+const VACUUM: &str = "VACUUM (SKIP_LOCKED, INDEX_CLEANUP ON, TRUNCATE OFF) gnl_lanes, gnl_leases";
 
 /// When this store last vacuumed (or looked), and whether it may (see the module's text).
 pub(super) struct Vacuum {
