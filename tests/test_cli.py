@@ -502,6 +502,75 @@ def test_an_empty_organization_or_type_is_bad_usage(args: tuple[str, ...], tmp_p
     assert "non-empty" in err and "None" not in err, err
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("runs", "show", ""),
+        ("runs", "resolve", "", "pay", "--retry"),
+        ("runs", "resolve", "r1", "", "--retry"),
+        ("triggers", "unschedule", ""),
+        ("events", "retry", "", "c", "e1"),
+        ("events", "retry", "t", "", "e1"),
+        ("events", "retry", "t", "c", ""),
+    ],
+)
+def test_an_empty_name_or_id_argument_is_bad_usage(args: tuple[str, ...], tmp_path: Path) -> None:
+    # `triggers unschedule ''` said "no trigger ''" (exit 1) where `jobs show ''` is bad usage.
+    url = f"sqlite:///{tmp_path}/s.db"
+    asyncio.run(gnl.upgrade(url))
+    err = one_line_error(gnl_cmd(*args, "--url", url), 2)
+    assert "non-empty" in err, err
+
+
+@pytest.mark.parametrize("args", [("jobs", "list", "--all"), ("upgrade",)])
+def test_an_in_memory_store_is_bad_usage(args: tuple[str, ...]) -> None:
+    # `jobs list` advised `gnl upgrade sqlite::memory:`, which created a store and dropped it.
+    err = one_line_error(gnl_cmd(*args, "--url", "sqlite::memory:"), 2)
+    assert "store of one process" in err and "upgrade sqlite::memory:" not in err, err
+
+
+def test_an_empty_cancel_reason_is_bad_usage(tmp_path: Path) -> None:
+    # It stored "canceled: " (an empty reason); leaving --reason out records the default.
+    url = f"sqlite:///{tmp_path}/s.db"
+
+    async def seed() -> None:
+        async with await gnl.connect(url) as storage:
+            await gnl.enqueue(storage.work, "t", {}, id="waiting")
+
+    asyncio.run(seed())
+    err = one_line_error(gnl_cmd("jobs", "cancel", "waiting", "--reason", "", "--url", url), 2)
+    assert "--reason" in err and "non-empty" in err, err
+    shown = json.loads(gnl_cmd("jobs", "show", "waiting", "--url", url, "--json").output)
+    assert shown["state"] == "pending"
+
+
+def test_an_empty_upgrade_url_is_bad_usage_not_gnl_url(tmp_path: Path) -> None:
+    # `gnl upgrade ""` (an unset shell variable) upgraded GNL_URL's store instead.
+    other = tmp_path / "other.db"
+    r = gnl_cmd("upgrade", "", env={"GNL_URL": f"sqlite:///{other}"})
+    assert "URL is empty" in one_line_error(r, 2)
+    assert not other.exists()
+
+
+def test_sqlite_url_query_parameters_are_refused_in_one_wording(tmp_path: Path) -> None:
+    # `jobs list` said "no SQLite store at 'ws.db?mode=ro'" where `upgrade` said the query
+    # parameters are not supported: the open's wording for every command.
+    url = f"sqlite:///{tmp_path}/ws.db"
+    asyncio.run(gnl.upgrade(url))
+    for args in (("jobs", "list"), ("upgrade",)):
+        err = one_line_error(gnl_cmd(*args, "--url", url + "?mode=ro"), 2)
+        assert "query parameters are not supported" in err, (args, err)
+
+
+def test_a_file_that_is_not_a_sqlite_database_is_named(tmp_path: Path) -> None:
+    text = tmp_path / "notes.txt"
+    text.write_text("hello, this is not a database\n" * 10)
+    for args in (("jobs", "list"), ("upgrade",)):
+        err = one_line_error(gnl_cmd(*args, "--url", f"sqlite:///{text}"), 2)
+        assert "notes.txt" in err and "is not a SQLite database" in err, (args, err)
+    assert text.read_text().startswith("hello")
+
+
 def test_retry_and_cancel_say_why_nothing_changed(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/s.db"
 

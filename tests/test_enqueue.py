@@ -192,9 +192,37 @@ async def test_bad_values_raise_invalid_argument_and_write_nothing(
 
 
 async def test_a_value_past_64_bits_is_named_with_the_value(storage: gnl.Storage) -> None:
-    with pytest.raises(gnl.InvalidArgumentError, match=r"delay_ms .*100000000000000000000"):
+    # Past 64 bits is past the limit too: the message says the limit (about ten years), as
+    # for 2**62, not only that the value does not fit an integer.
+    with pytest.raises(
+        gnl.InvalidArgumentError, match=r"delay_ms must be at most .*ten years.*10{20}"
+    ):
         await gnl.enqueue(storage.work, "t", None, delay_ms=10**20)
+    with pytest.raises(gnl.InvalidArgumentError, match=r"delay_ms must be >= 0 ms, got -10{20}"):
+        await gnl.enqueue(storage.work, "t", None, delay_ms=-(10**20))
     assert await job_count(storage) == 0
+
+
+async def test_an_empty_job_id_is_refused_by_lookups_too(storage: gnl.Storage) -> None:
+    # enqueue refuses an empty id, so no job has one: a lookup by "" is a mistake (it
+    # returned None / False as if the job were merely missing).
+    await gnl.enqueue(storage.work, "t", None, id="keep")
+    before = await all_jobs(storage)
+    for call in (gnl.get_job, gnl.retry_job, gnl.cancel_job):
+        with pytest.raises(gnl.InvalidArgumentError, match="job_id must be a non-empty string"):
+            await call(storage.work, "")
+    await assert_nothing_written(storage, before)
+
+
+async def test_an_empty_cancel_reason_is_refused(storage: gnl.Storage) -> None:
+    job_id = await gnl.enqueue(storage.work, "t", None)
+    with pytest.raises(gnl.InvalidArgumentError, match="reason must be a non-empty string"):
+        await gnl.cancel_job(storage.work, job_id, None, "")
+    job = await gnl.get_job(storage.work, job_id)
+    assert job is not None and job.state == "pending"
+    assert await gnl.cancel_job(storage.work, job_id)
+    job = await gnl.get_job(storage.work, job_id)
+    assert job is not None and job.last_error == "canceled: cancel_job was called"
 
 
 async def test_empty_type_is_a_bad_value(storage: gnl.Storage) -> None:

@@ -270,6 +270,26 @@ async def test_bad_input_is_refused_and_nothing_is_written(
     ).drain() == gnl.DrainResult(0, 0, 0)
 
 
+async def test_arguments_that_are_not_str_are_named(storage: gnl.Storage) -> None:
+    # The native calls said only "'int' object is not an instance of 'str'".
+    _, handler = recorder()
+    w = storage.work
+    for call, name in (
+        (lambda: gnl.emit(w, 3, {}), "topic"),  # type: ignore[arg-type]
+        (lambda: gnl.emit_many(w, None, [{"payload": 1}]), "topic"),  # type: ignore[arg-type]
+        (lambda: gnl.list_dead_events(w, 3, "c"), "topic"),  # type: ignore[arg-type]
+        (lambda: gnl.consumer_lag(w, "t", 5), "consumer"),  # type: ignore[arg-type]
+        (lambda: gnl.retry_dead_event(w, "t", "c", 7), "id"),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(TypeError, match=f"^{name} must be a str, not "):
+            await call()
+    with pytest.raises(TypeError, match="^topic must be a str, not int"):
+        gnl.create_consumer(w, 3, handler, name="c")  # type: ignore[arg-type]
+    # An empty id names no event: said so, not "use None for a generated id".
+    with pytest.raises(gnl.InvalidArgumentError, match="no event has an empty id"):
+        await gnl.retry_dead_event(w, "t", "c", "")
+
+
 async def test_create_consumer_checks_its_options(storage: gnl.Storage) -> None:
     _, handler = recorder()
     with pytest.raises(gnl.InvalidArgumentError):

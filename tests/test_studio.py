@@ -329,6 +329,10 @@ def test_every_page_renders_on_every_engine(store_url: Callable[[], str], tmp_pa
         assert c.get("/job?org=bad&id=x1").status == 200
         assert c.get("/job?id=free").status == 200
         assert c.get("/job?id=nope").status == 404
+        # No id, or an organization no job can have: no such job (get_job refuses both).
+        assert c.get("/job?id=").status == 404
+        assert c.get("/job").status == 404
+        assert c.get("/job?org=a%0Ab&id=x1").status == 404
         assert c.get("/audit").status == 200
     finally:
         s.stop()

@@ -742,6 +742,9 @@ async def test_create_worker_checks_its_arguments(storage: gnl.Storage) -> None:
             gnl.create_worker(storage, h, **kwargs)  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         gnl.create_worker(storage, {"t": "not callable"})  # type: ignore[dict-item]
+    # No job has type "" (enqueue refuses it): a handler for it could never run.
+    with pytest.raises(gnl.InvalidArgumentError, match="non-empty job types"):
+        gnl.create_worker(storage, {"t": noop, "": noop})
     with pytest.raises(TypeError):
         gnl.create_worker("sqlite::memory:", h)  # type: ignore[arg-type]
     # The work store is accepted as well as the storage.

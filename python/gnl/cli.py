@@ -53,8 +53,8 @@ def _ex(*lines: str) -> str:
 
 
 def _nonempty(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """An id, organization or type: an empty one is bad usage (exit 2), as gnl's API refuses
-    it (None: the option was not given)."""
+    """An id, name, organization or type: an empty one is bad usage (exit 2), as gnl's API
+    refuses it (None: the option was not given)."""
     if value == "":
         raise click.BadParameter("must be a non-empty string")
     return value
@@ -112,14 +112,27 @@ def _sqlite_file(url: str) -> str | None:
     if url in ("sqlite::memory:", "sqlite://:memory:") or not url.startswith("sqlite://"):
         return None
     rest = url[len("sqlite://") :]
+    if "?" in rest:
+        return None  # refused by the open, for every command in one wording
     return rest[1:] if rest.startswith("/") else rest
+
+
+def _not_memory(target: str) -> str:
+    """An in-memory SQLite store lives in one process: a command can neither see another
+    process's nor leave one behind (upgrade would create one and drop it)."""
+    if target in ("sqlite::memory:", "sqlite://:memory:"):
+        raise click.UsageError(
+            f"{target} is a store of one process, gone when it exits: this command cannot "
+            "see another's; give a file (sqlite:///jobs.db) or a server"
+        )
+    return target
 
 
 def _need_store(url: str | None) -> str:
     """The URL of an existing store (commands other than upgrade and demo never create one).
     A SQLite file whose directory is missing is left to the open, which refuses it for every
     command in one wording (InvalidArgumentError: bad usage, exit 2)."""
-    target = _need_url(url)
+    target = _not_memory(_need_url(url))
     path = _sqlite_file(target)
     folder = os.path.dirname(path) if path else ""
     if path and not os.path.exists(path) and (not folder or os.path.isdir(folder)):
@@ -324,7 +337,10 @@ def upgrade(url_arg: str | None, url: str | None, as_json: bool) -> None:
     if url_arg is not None and given is click.core.ParameterSource.COMMANDLINE and url_arg != url:
         # (GNL_URL is a default: the argument overrides it.)
         raise click.UsageError("URL and --url name two stores; give one")
-    target = _need_url(url_arg or url)
+    if url_arg is not None and not url_arg.strip():
+        # Not GNL_URL's store instead: an empty argument is a mistake (an unset variable).
+        raise click.UsageError("URL is empty")
+    target = _not_memory(_need_url(url_arg or url))
     version = _run(lambda: gnl.upgrade(target))
     if as_json:
         _print_json({"url": _native.redact_url(target), "schema_version": version})
@@ -648,7 +664,12 @@ def jobs_retry(job_id: str, url: str | None, org: str | None, as_json: bool) -> 
 @click.argument("job_id", metavar="ID", callback=_nonempty)
 @_url_option
 @_org_option
-@click.option("--reason", metavar="R", help="Recorded as the job's last error.")
+@click.option(
+    "--reason",
+    metavar="R",
+    callback=_nonempty,
+    help="Recorded as the job's last error (canceled: R). Default: cancel_job was called.",
+)
 @_json_option
 def jobs_cancel(
     job_id: str, url: str | None, org: str | None, reason: str | None, as_json: bool
@@ -745,7 +766,7 @@ def runs_list(
 
 
 @runs.command("show", epilog=_ex("gnl runs show sched:nightly:12 --json"))
-@click.argument("run_id", metavar="RUN_ID")
+@click.argument("run_id", metavar="RUN_ID", callback=_nonempty)
 @_url_option
 @click.option("--json", "as_json", is_flag=True, help="Print the run as one JSON object.")
 def runs_show(run_id: str, url: str | None, as_json: bool) -> None:
@@ -808,8 +829,8 @@ def runs_show(run_id: str, url: str | None, as_json: bool) -> None:
         "gnl runs resolve c-2 pay --value '{\"paid\": 2}'", "gnl runs resolve c-2 pay --retry"
     ),
 )
-@click.argument("run_id", metavar="RUN_ID")
-@click.argument("step", metavar="STEP")
+@click.argument("run_id", metavar="RUN_ID", callback=_nonempty)
+@click.argument("step", metavar="STEP", callback=_nonempty)
 @_url_option
 @click.option("--n", "n", default=0, show_default=True, type=click.IntRange(0), help="Which call.")
 @click.option("--value", metavar="JSON", help="It happened: record this JSON as its result.")
@@ -1007,7 +1028,7 @@ def triggers_list(url: str | None, as_json: bool) -> None:
 
 
 @triggers.command("unschedule", epilog=_ex("gnl triggers unschedule nightly"))
-@click.argument("trigger_id", metavar="ID")
+@click.argument("trigger_id", metavar="ID", callback=_nonempty)
 @_url_option
 @_json_option
 def triggers_unschedule(trigger_id: str, url: str | None, as_json: bool) -> None:
@@ -1083,8 +1104,8 @@ def events() -> None:
 
 
 @events.command("dead", epilog=_ex("gnl events dead orders billing --url sqlite:///jobs.db --json"))
-@click.argument("topic", metavar="TOPIC")
-@click.argument("consumer", metavar="CONSUMER")
+@click.argument("topic", metavar="TOPIC", callback=_nonempty)
+@click.argument("consumer", metavar="CONSUMER", callback=_nonempty)
 @_url_option
 @click.option(
     "--limit",
@@ -1149,9 +1170,9 @@ def events_dead(
 
 
 @events.command("retry", epilog=_ex("gnl events retry orders billing 01JD0Z6K3M"))
-@click.argument("topic", metavar="TOPIC")
-@click.argument("consumer", metavar="CONSUMER")
-@click.argument("event_id", metavar="ID")
+@click.argument("topic", metavar="TOPIC", callback=_nonempty)
+@click.argument("consumer", metavar="CONSUMER", callback=_nonempty)
+@click.argument("event_id", metavar="ID", callback=_nonempty)
 @_url_option
 @_json_option
 def events_retry(topic: str, consumer: str, event_id: str, url: str | None, as_json: bool) -> None:

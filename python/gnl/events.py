@@ -167,7 +167,8 @@ class ConsumerLag:
         behind: Events neither accepted nor quarantined yet.
         oldest_unacked_at: When the oldest of those was emitted (epoch ms), or None.
         heartbeat_at: The last write of its lease holder (epoch ms), or None.
-        dead: Its quarantine records.
+        dead: Its quarantine records. An event handed back by :func:`retry_dead_event`
+            keeps its record (and counts in ``behind`` too) until it is delivered again.
     """
 
     cursor: int
@@ -199,6 +200,14 @@ def _spec(event: object) -> JobSpec:
             event.get("delay_ms"),
         )
     raise TypeError(f"an event must be a dict or a gnl.EventSpec, not {type(event).__name__}")
+
+
+def _strs(**args: object) -> None:
+    """A TypeError naming the first argument that is not a str (the native call's own says
+    only "'int' object is not an instance of 'str'")."""
+    for name, value in args.items():
+        if not isinstance(value, str):
+            raise TypeError(f"{name} must be a str, not {type(value).__name__}")
 
 
 def _event_error(e: BaseException) -> BaseException:
@@ -241,6 +250,7 @@ async def emit(
             delay, both deliver_at and delay_ms); nothing is written.
         StoreUnavailableError: the store cannot be reached.
     """
+    _strs(topic=topic)
     spec = JobSpec("e", payload, id, org_id, deliver_at, delay_ms)
     try:
         ids = await _native.event_emit(native_of(work), topic, [spec], True)
@@ -272,6 +282,7 @@ async def emit_many(
         InvalidArgumentError: a bad topic.
         StoreUnavailableError: the store cannot be reached.
     """
+    _strs(topic=topic)
     specs = []
     for i, ev in enumerate(events):
         try:
@@ -313,6 +324,7 @@ async def list_dead_events(
             ``limit`` below 1.
         StoreUnavailableError: the store cannot be reached.
     """
+    _strs(topic=topic, consumer=consumer)
     check_int(after_seq, "after_seq", 0)
     if limit is not None:
         check_int(limit, "limit", 1)
@@ -357,9 +369,11 @@ async def retry_dead_event(work: WorkStore | Storage, topic: str, consumer: str,
         redelivery); False when no such quarantine record exists.
 
     Raises:
-        InvalidArgumentError: a bad topic, consumer name or id.
+        InvalidArgumentError: a bad topic, consumer name or id (an empty id names no event).
+        TypeError: an argument that is not a str.
         StoreUnavailableError: the store cannot be reached.
     """
+    _strs(topic=topic, consumer=consumer, id=id)
     return bool(await _native.event_dead_retry(native_of(work), topic, consumer, id))
 
 
@@ -370,6 +384,7 @@ async def consumer_lag(work: WorkStore | Storage, topic: str, consumer: str) -> 
         InvalidArgumentError: a bad topic or consumer name.
         StoreUnavailableError: the store cannot be reached.
     """
+    _strs(topic=topic, consumer=consumer)
     r = await _native.event_lag(native_of(work), topic, consumer)
     return None if r is None else ConsumerLag(*r)
 
@@ -693,6 +708,7 @@ def create_consumer(
         TypeError: an argument of the wrong type.
         InvalidArgumentError: a bad value (empty topic or name, max_attempts < 1, ...).
     """
+    _strs(topic=topic, name=name)
     require_async(handler, f"the handler of consumer {name!r}")
     _native.event_lease_key(topic, name)  # checks topic and name
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, (int, float)):

@@ -238,7 +238,12 @@ async def enqueue_many(
 async def get_job(
     work: WorkStore | Storage, job_id: str, org_id: str | None = None
 ) -> JobInfo | None:
-    """The job ``job_id`` of organization ``org_id`` (None: no organization), or None."""
+    """The job ``job_id`` of organization ``org_id`` (None: no organization), or None.
+
+    Raises:
+        InvalidArgumentError: ``job_id`` is empty (no job has an empty id), or ``org_id`` is
+            not a valid organization id.
+    """
     if not isinstance(job_id, str):
         raise TypeError(f"job_id must be a str, not {type(job_id).__name__}")
     raw = await native_of(work).get_job(_opt_str(org_id, "org_id"), job_id)
@@ -305,6 +310,9 @@ async def retry_job(work: WorkStore | Storage, job_id: str, org_id: str | None =
 
     Returns:
         True if it was dead; False (and nothing changes) for any other state or an unknown id.
+
+    Raises:
+        InvalidArgumentError: ``job_id`` is empty (no job has an empty id).
     """
     if not isinstance(job_id, str):
         raise TypeError(f"job_id must be a str, not {type(job_id).__name__}")
@@ -320,8 +328,20 @@ async def cancel_job(
     """Cancel a job.
 
     A ``pending`` job becomes ``canceled`` at once. A ``running`` one has its handler's
-    ``ctx.signal`` aborted with ``why="canceled"`` (at its worker's next lease renewal, within
-    ``ttl_ms / 3``) and becomes ``canceled`` when the handler returns; it is never retried.
+    ``ctx.signal`` aborted with ``why="canceled"`` as soon as its worker hears of the cancel
+    (this process: at once; another process: the Postgres notification, SQLite's change
+    check within ~0.5 s, MySQL's check every 500 ms; docs/DECISIONS.md "Wake-ups") and becomes
+    ``canceled`` when the handler returns; it is never retried.
+
+    Args:
+        job_id: The job's id.
+        org_id: Its organization (None: no organization).
+        reason: Recorded as ``last_error``, ``canceled: <reason>``; None records
+            ``canceled: cancel_job was called``. An empty reason is refused.
+
+    Raises:
+        InvalidArgumentError: ``job_id`` or ``reason`` is empty.
+        TypeError: ``job_id`` is not a str, ``org_id`` or ``reason`` not a str or None.
 
     Returns:
         True for a pending or running job; False for a finished or unknown one.

@@ -1238,7 +1238,7 @@ def create_worker(
     Raises:
         TypeError: an argument of the wrong type (a handler that is not an ``async``
             function: a plain one would run its side effects, then fail every attempt).
-        InvalidArgumentError: a value out of range.
+        InvalidArgumentError: a value out of range, or an empty job type as a key.
     """
     st = storage_of(storage)
     if not isinstance(handlers, Mapping):
@@ -1248,6 +1248,10 @@ def create_worker(
     for k, h in handlers.items():
         if not isinstance(k, str):
             raise TypeError(f"handler keys must be job types (str), not {type(k).__name__}")
+        if not k:
+            raise InvalidArgumentError(
+                "handler keys must be non-empty job types (no job has type '')"
+            )
         require_async(h, f"the handler for {k!r}")
     check_int(ttl_ms, "ttl_ms", 3, MAX_DURATION_MS)
     check_int(max_attempts, "max_attempts", 1, 1_000_000)

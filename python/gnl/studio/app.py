@@ -144,6 +144,7 @@ def _parse_key(text: str) -> tuple[str | None, str] | None:
         and len(v) == 2
         and (v[0] is None or isinstance(v[0], str))
         and isinstance(v[1], str)
+        and v[1]
     ):
         return v[0], v[1]
     return None
@@ -330,7 +331,10 @@ class Studio:
         q = request.query_params
         org = q.get("org")
         job_id = q.get("id", "")
-        job = await gnl.get_job(self.store.work, job_id, org or None)
+        try:
+            job = await gnl.get_job(self.store.work, job_id, org or None)
+        except gnl.InvalidArgumentError:
+            job = None  # an empty id, an organization no job can have: no such job
         if job is None:
             return self.render(request, "job.html", 404, job=None, job_id=job_id, org=org)
         return self.render(request, "job.html", job=job, job_id=job_id, org=org)

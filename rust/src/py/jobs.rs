@@ -217,7 +217,22 @@ fn one(spec: &Bound<'_, PyAny>, batch: &mut JobBatch) -> PyResult<Py<PyAny>> {
         .map(|v| instant_arg(&v, "run_at"))
         .transpose()?;
     let delay_ms = opt_present(delay_ms)
-        .map(|v| int_arg(&v, "delay_ms"))
+        .map(|v| {
+            // One past i64 is past the limit too: say the limit, not the integer width.
+            int_arg(&v, "delay_ms").map_err(|e| match v.lt(0) {
+                Ok(neg) if e.is_instance_of::<InvalidArgumentError>(v.py()) => {
+                    InvalidArgumentError::new_err(if neg {
+                        format!("delay_ms must be >= 0 ms, got {v}")
+                    } else {
+                        format!(
+                            "delay_ms must be at most {} (about ten years), got {v}",
+                            crate::retry::MAX_RETRY_DELAY_MS
+                        )
+                    })
+                }
+                _ => e,
+            })
+        })
         .transpose()?;
     if run_at.is_some() && delay_ms.is_some() {
         return Err(InvalidArgumentError::new_err(

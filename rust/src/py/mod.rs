@@ -237,6 +237,17 @@ fn org_key(org: Option<&str>) -> PyResult<String> {
     }
 }
 
+/// The id of a job looked up (get, retry, cancel): an empty one names no job (enqueue
+/// refuses it), so it is a mistake, not a miss.
+fn lookup_id(id: &str) -> PyResult<String> {
+    if id.is_empty() {
+        return Err(to_py(crate::error::Error::invalid(
+            "job_id must be a non-empty string (no job has an empty id)",
+        )));
+    }
+    Ok(id.to_string())
+}
+
 /// An open store (connection pool). `gnl.Storage` wraps one.
 #[pyclass(frozen, module = "gnl._native")]
 pub struct NativeStore {
@@ -313,7 +324,7 @@ impl NativeStore {
         id: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
         let org = org_key(org_id)?;
-        let id = id.to_string();
+        let id = lookup_id(id)?;
         let s = self.inner.clone();
         spawn(py, async move {
             Ok(s.get_job(&org, &id).await?.map(RawJob::from))
@@ -414,7 +425,7 @@ impl NativeStore {
         id: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
         let org = org_key(org_id)?;
-        let id = id.to_string();
+        let id = lookup_id(id)?;
         let s = self.inner.clone();
         spawn(
             py,
@@ -431,7 +442,12 @@ impl NativeStore {
         reason: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let org = org_key(org_id)?;
-        let id = id.to_string();
+        let id = lookup_id(id)?;
+        if reason.as_deref() == Some("") {
+            return Err(to_py(crate::error::Error::invalid(
+                "reason must be a non-empty string (None records 'cancel_job was called')",
+            )));
+        }
         let s = self.inner.clone();
         spawn(py, async move {
             store::cancel_job(s.as_ref(), &org, &id, reason.as_deref()).await

@@ -117,6 +117,15 @@ impl PostgresStore {
         let opts = PgConnectOptions::from_str(url)
             .map_err(|e| Error::invalid(format!("bad Postgres URL: {}", super::url::reason(&e))))?
             .statement_cache_capacity(256);
+        if opts.get_database().is_none() {
+            // The server would take the database named after the user, and gnl would create
+            // its tables there (a bare `postgres://`): name it (DECISIONS "Store URLs").
+            return Err(Error::invalid(format!(
+                "store URL {:?} names no database: give one, postgres://USER@HOST:PORT/DATABASE \
+                 (or ?dbname=, or PGDATABASE)",
+                super::url::redact(url)
+            )));
+        }
         let pool = PgPoolOptions::new()
             .max_connections(max_connections.max(1))
             .min_connections(0)

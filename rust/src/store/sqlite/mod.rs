@@ -233,6 +233,19 @@ impl SqliteStore {
                         code,
                     }
                 }
+                // SQLITE_NOTADB: a file that is something else (a mistyped path, a text
+                // file). A setup error: retrying cannot change it.
+                (
+                    SqliteTarget::File(path),
+                    Error::Store {
+                        code: Some(code), ..
+                    },
+                ) if code.parse::<u32>().is_ok_and(|n| n & 0xff == 26) => {
+                    Error::InvalidArgument(format!(
+                        "the file {path:?} is not a SQLite database (SQLITE_NOTADB): is the \
+                         URL's path the store's file?"
+                    ))
+                }
                 (_, e) => e,
             })?;
         let var_limit = {
