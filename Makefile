@@ -21,8 +21,10 @@ deps: $(STAMP)
 
 # maturin develop: builds the native module (release) and installs gnl (editable) + its deps,
 # the studio extra included.
+# PIP_QUIET: maturin's pip install of the dependencies printed a "Requirement already
+# satisfied" line for each one on every build.
 build: deps
-	$(VENV)/bin/maturin develop --release --quiet --extras studio
+	PIP_QUIET=1 $(VENV)/bin/maturin develop --release --quiet --extras studio
 
 demo: build
 	$(VENV)/bin/gnl demo

@@ -307,6 +307,42 @@ def test_unreachable_store_is_retried_not_fatal(tmp_path: Path, procs: list[Proc
     assert "unavailable, retrying in" in p.stderr
 
 
+def test_an_app_module_that_raises_on_import_shows_its_own_traceback(tmp_path: Path) -> None:
+    # It printed the traceback through click's and gnl's frames; now the module's frames,
+    # then one line naming the module and what it raised (exit 1: the app's code failed).
+    (tmp_path / "boom_app.py").write_text(
+        'def helper():\n    raise RuntimeError("the config is missing")\n\n\nhelper()\n'
+    )
+    (tmp_path / "dep_app.py").write_text("import no_such_dependency_x\n")
+    for module, raised in (
+        ("boom_app", "RuntimeError: the config is missing"),
+        ("dep_app", "ModuleNotFoundError: No module named 'no_such_dependency_x'"),
+    ):
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gnl",
+                "run",
+                f"{module}:app",
+                "--url",
+                f"sqlite:///{tmp_path}/x.db",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
+        assert r.returncode == 1, r
+        lines = r.stderr.strip().splitlines()
+        assert lines[-1] == f"gnl: importing {module!r} (from '{module}:app') raised {raised}", (
+            r.stderr
+        )
+        assert f"{module}.py" in r.stderr and lines[0].startswith("Traceback"), r.stderr
+        assert "click" not in r.stderr and "gnl/" not in r.stderr and "importlib" not in r.stderr
+    assert not (tmp_path / "x.db").exists()  # nothing was opened
+
+
 def test_bad_target_is_usage_error(tmp_path: Path) -> None:
     for target, msg in (
         ("nocolon", "MODULE:ATTR"),

@@ -64,6 +64,11 @@ class AppError(GnlError):
     is outdated or too new). Nothing was started."""
 
 
+class AppImportError(AppError):
+    """The app's module raised while it was imported (:func:`load_app`); ``__cause__`` is
+    what it raised, with its traceback."""
+
+
 @dataclass(frozen=True)
 class _JobDecl:
     type: str
@@ -807,6 +812,8 @@ def load_app(target: str) -> App:
     Raises:
         InvalidArgumentError: ``target`` is not ``MODULE:ATTR``, the module or attribute does
             not exist, or it is not an App (nor a function returning one).
+        AppImportError: the module raised while it was imported (a SyntaxError, a missing
+            dependency, an error of its own); ``__cause__`` is what it raised.
     """
     import importlib
 
@@ -820,7 +827,14 @@ def load_app(target: str) -> App:
     except ModuleNotFoundError as e:
         if e.name and module_name.startswith(e.name):
             raise InvalidArgumentError(f"no module {module_name!r} (from {target!r})") from e
-        raise
+        raise AppImportError(
+            f"importing {module_name!r} (from {target!r}) raised {type(e).__name__}: {e}"
+        ) from e
+    except Exception as e:
+        # The user's code failed, not gnl: said as such (gnl run prints its traceback).
+        raise AppImportError(
+            f"importing {module_name!r} (from {target!r}) raised {type(e).__name__}: {e}"
+        ) from e
     obj: Any = module
     for part in attr.split("."):
         try:

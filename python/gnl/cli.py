@@ -1239,7 +1239,7 @@ def run_cmd(target: str, url: str | None, only: str | None, grace_ms: int, log_l
     """
     import logging
 
-    from .app import AppError, load_app
+    from .app import AppError, AppImportError, load_app
 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
@@ -1253,11 +1253,37 @@ def run_cmd(target: str, url: str | None, only: str | None, grace_ms: int, log_l
         app = load_app(target)
         roles = None if only is None else [r.strip() for r in only.split(",")]
         code = app.run(url=url, only=roles, grace_ms=grace_ms)
+    except AppImportError as e:
+        # The module's own traceback (its frames, not gnl's, click's or importlib's), then
+        # the one line.
+        click.echo(_user_traceback(e.__cause__), err=True, nl=False)
+        _fail(str(e), 1)
     except AppError as e:
         _fail(str(e), 1)
     except (gnl.GnlError, TypeError) as e:
         _fail_error(e)
     sys.exit(code)
+
+
+def _user_traceback(exc: BaseException | None) -> str:
+    """``exc``'s traceback without the frames of gnl, click and the import machinery."""
+    if exc is None:
+        return ""
+    import importlib
+    import traceback
+
+    skip = (
+        os.path.dirname(__file__),
+        os.path.dirname(click.__file__),
+        os.path.dirname(importlib.__file__),
+        "<frozen importlib",
+    )
+    te = traceback.TracebackException.from_exception(exc)
+    te.stack = traceback.StackSummary.from_list(
+        [f for f in te.stack if not f.filename.startswith(skip)]
+    )
+    te.__cause__ = te.__context__ = None
+    return "".join(te.format())
 
 
 def main(argv: Sequence[str] | None = None) -> None:
