@@ -549,7 +549,13 @@ def test_an_empty_upgrade_url_is_bad_usage_not_gnl_url(tmp_path: Path) -> None:
     other = tmp_path / "other.db"
     r = gnl_cmd("upgrade", "", env={"GNL_URL": f"sqlite:///{other}"})
     assert "URL is empty" in one_line_error(r, 2)
+    r = gnl_cmd("upgrade", "", "--url", f"sqlite:///{other}")
+    assert "URL is empty" in one_line_error(r, 2)
     assert not other.exists()
+    # Studio's URL argument too (it served GNL_URL's store).
+    asyncio.run(gnl.upgrade(f"sqlite:///{other}"))
+    r = gnl_cmd("studio", "", env={"GNL_URL": f"sqlite:///{other}"})
+    assert "URL is empty" in one_line_error(r, 2)
 
 
 def test_sqlite_url_query_parameters_are_refused_in_one_wording(tmp_path: Path) -> None:

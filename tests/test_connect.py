@@ -94,6 +94,7 @@ async def test_bad_scheme_names_the_accepted_ones(url: str) -> None:
         "postgres://",
         "postgresql://postgres@127.0.0.1:5432",
         "postgres://postgres@127.0.0.1:5432/",
+        "postgres://postgres@127.0.0.1:5432/?dbname=",
         "mysql://root@127.0.0.1:3306",
         "mariadb://root@127.0.0.1:3306/",
     ],
@@ -104,12 +105,16 @@ async def test_a_server_url_without_a_database_is_refused(
     # A bare postgres:// connected to the database named after the user and, create=True
     # being the default, made gnl's tables there; MySQL failed at the first statement. Both
     # are refused before any connection (no server is needed for this test).
-    monkeypatch.delenv("PGDATABASE", raising=False)
-    for create in (True, False):
+    for pgdatabase in (None, ""):  # unset, or exported empty (the server's default then too)
+        if pgdatabase is None:
+            monkeypatch.delenv("PGDATABASE", raising=False)
+        else:
+            monkeypatch.setenv("PGDATABASE", pgdatabase)
+        for create in (True, False):
+            with pytest.raises(gnl.InvalidArgumentError, match="names no database"):
+                await gnl.connect(url, create=create)
         with pytest.raises(gnl.InvalidArgumentError, match="names no database"):
-            await gnl.connect(url, create=create)
-    with pytest.raises(gnl.InvalidArgumentError, match="names no database"):
-        await gnl.upgrade(url)
+            await gnl.upgrade(url)
 
 
 async def test_async_with_closes_the_pool(store_url: Callable[[], str]) -> None:

@@ -162,3 +162,41 @@ async def test_long_handlers_are_not_claimed_ahead(storage: gnl.Storage) -> None
 
 async def _noop(payload: Any, ctx: gnl.JobContext) -> None:
     return None
+
+
+async def test_handlers_that_turn_slow_are_not_hoarded(storage: gnl.Storage) -> None:
+    # Quick handlers first (the worker learns that handlers are shorter than a claim, and on
+    # Postgres keeps two claims in flight over many organizations), then every handler
+    # blocks: the worker must stop claiming once its slots and the jobs claimed ahead are
+    # full, however short it measured handlers to be. It holds its C running jobs and at most
+    # 2C claimed ahead (a claim asks at most C, two in flight at most).
+    c = 10
+    gate = asyncio.Event()
+    done = 0
+
+    async def handler(payload: Any, ctx: gnl.JobContext) -> None:
+        nonlocal done
+        if done >= 300:
+            await gate.wait()
+        done += 1
+
+    await gnl.enqueue_many(
+        storage,
+        [{"type": "t", "payload": i, "options": {"org_id": f"o{i % 50}"}} for i in range(1500)],
+    )
+    worker = gnl.create_worker(storage, {"t": handler}, concurrency=c, poll_ms=10)
+    worker.start()
+    try:
+        await wait_for(lambda: done >= 300, timeout=30, what="the quick handlers to run")
+        held: list[int] = []
+        for _ in range(15):
+            await asyncio.sleep(0.05)
+            jobs = await all_jobs(storage)
+            held.append(sum(j.state == "running" for j in jobs))
+        assert max(held) <= 3 * c, held
+    finally:
+        gate.set()
+        await worker.stop()
+    jobs = await all_jobs(storage)
+    assert sum(j.state == "done" for j in jobs) == done
+    assert not any(j.state == "running" for j in jobs)

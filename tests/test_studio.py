@@ -277,6 +277,9 @@ def test_a_bulk_action_shows_its_count_acts_on_that_scope_and_is_audited(
     assert preview.status == 200
     assert "Retry 3 jobs?" in preview.text
     assert "dead" in admin.get("/job?org=bad&id=x2").text, "the preview changes nothing"
+    # A key whose organization no job can have (a forged form): no such job, not a 500.
+    odd = admin.post("/jobs/preview", [("action", "retry"), ("job", job_key("a\nb", "x1"))])
+    assert odd.status == 200, odd.text
     r = admin.post("/jobs/act", scope)
     assert "2 done, 1 skipped" in r.text
     assert "it is pending, not dead" in r.text

@@ -117,6 +117,13 @@ def _sqlite_file(url: str) -> str | None:
     return rest[1:] if rest.startswith("/") else rest
 
 
+def _nonempty_url_arg(url_arg: str | None) -> None:
+    """A URL argument given empty is a mistake (an unset shell variable), not a request for
+    GNL_URL's store."""
+    if url_arg is not None and not url_arg.strip():
+        raise click.UsageError("URL is empty")
+
+
 def _not_memory(target: str) -> str:
     """An in-memory SQLite store lives in one process: a command can neither see another
     process's nor leave one behind (upgrade would create one and drop it)."""
@@ -333,13 +340,11 @@ def cli() -> None:
 @_json_option
 def upgrade(url_arg: str | None, url: str | None, as_json: bool) -> None:
     """Create the store at URL, or bring it to the current schema (idempotent)."""
+    _nonempty_url_arg(url_arg)
     given = click.get_current_context().get_parameter_source("url")
     if url_arg is not None and given is click.core.ParameterSource.COMMANDLINE and url_arg != url:
         # (GNL_URL is a default: the argument overrides it.)
         raise click.UsageError("URL and --url name two stores; give one")
-    if url_arg is not None and not url_arg.strip():
-        # Not GNL_URL's store instead: an empty argument is a mistake (an unset variable).
-        raise click.UsageError("URL is empty")
     target = _not_memory(_need_url(url_arg or url))
     version = _run(lambda: gnl.upgrade(target))
     if as_json:
@@ -937,6 +942,7 @@ def studio(
     It binds 127.0.0.1 unless --host says otherwise, and refuses any other address without a
     token. With no token, everyone who can reach the loopback address is admin.
     """
+    _nonempty_url_arg(url_arg)
     target = _need_store(url_arg or url)
     try:
         from .studio import serve

@@ -322,6 +322,7 @@ async def list_dead_events(
     Raises:
         InvalidArgumentError: a bad topic or consumer name, a negative ``after_seq`` or a
             ``limit`` below 1.
+        TypeError: ``topic`` or ``consumer`` is not a str.
         StoreUnavailableError: the store cannot be reached.
     """
     _strs(topic=topic, consumer=consumer)
@@ -382,6 +383,7 @@ async def consumer_lag(work: WorkStore | Storage, topic: str, consumer: str) -> 
 
     Raises:
         InvalidArgumentError: a bad topic or consumer name.
+        TypeError: ``topic`` or ``consumer`` is not a str.
         StoreUnavailableError: the store cannot be reached.
     """
     _strs(topic=topic, consumer=consumer)

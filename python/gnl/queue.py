@@ -330,8 +330,9 @@ async def cancel_job(
     A ``pending`` job becomes ``canceled`` at once. A ``running`` one has its handler's
     ``ctx.signal`` aborted with ``why="canceled"`` as soon as its worker hears of the cancel
     (this process: at once; another process: the Postgres notification, SQLite's change
-    check within ~0.5 s, MySQL's check every 500 ms; docs/DECISIONS.md "Wake-ups") and becomes
-    ``canceled`` when the handler returns; it is never retried.
+    check within ~0.5 s, MySQL's check every 500 ms; at the latest at the worker's next lease
+    renewal, within ``ttl_ms / 3``, should a notification be lost; docs/DECISIONS.md
+    "Wake-ups") and becomes ``canceled`` when the handler returns; it is never retried.
 
     Args:
         job_id: The job's id.

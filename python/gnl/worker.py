@@ -641,9 +641,17 @@ class Worker:
                             cap = 1 if self._may_pair() and not self._alone else 0
                             claim = native.claim(want, True, cap)
                             out.append(_Claim(claim, want, t0, seen, True, False))
+                    self._fill()
                     if now is None:
-                        # Sent before the last claim's jobs start (their tasks take a turn of
-                        # the loop each), so that it is in flight beside the first one sooner.
+                        full = len(self._tasks) >= self.concurrency
+                        if self._ready and full and self._may_pair():
+                            # The last answer was back before it was awaited (no turn of the
+                            # loop since): its jobs wait for slots whose short handlers have
+                            # not had their turn yet. One turn ends them (slow ones stay, and
+                            # the jobs waiting count against the second claim as before), so
+                            # it goes out beside the one in flight rather than after it.
+                            await asyncio.sleep(0)
+                            self._fill()
                         second = self._second(out)
                         if second:
                             # Carries outcomes only when the one in flight carries none.
@@ -655,8 +663,7 @@ class Worker:
                             # are skipped, and the few left must not split the whole batch.
                             claim = native.claim(second, carry, 1)
                             out.append(_Claim(claim, second, loop.time(), seen2, carry, True))
-                    self._fill()
-                    if now is None:
+                            self._fill()
                         c = out.popleft()
                         jobs = await c.fut
                         want, t0, seen = c.asked, c.t0, c.seen
@@ -750,26 +757,14 @@ class Worker:
         one job an organization: more lanes are likely due beyond those the one in flight
         holds (it skips them: SKIP LOCKED), so while its round trip and the handlers run the
         store works on the next. It asks for the slots the two claims keep busy, less the
-        jobs claimed ahead that will still wait for a slot when its answer comes back, and
-        those the one in flight asked for."""
+        jobs claimed ahead and those the one in flight asked for."""
         if len(out) != 1 or not self._may_pair():
             return 0
         if self._alone:
             self._alone -= 1
             return 0
         c = self.concurrency
-        ready = len(self._ready)
-        hold = self._hold_s
-        if ready and hold:
-            # Jobs claimed ahead start in the free slots now, and in each busy one every
-            # ``hold`` (shorter than a claim here): those that will have started before this
-            # claim's answer is back take no room from it. Counting them made a claim whose
-            # answer was back before it was awaited (its jobs not started yet: no turn of the
-            # loop since) hold the next one back, a third of the time at C=10 over 50
-            # organizations (benches/RESULTS.md, 2026-12-07).
-            running = len(self._tasks)
-            ready -= min(ready, c - running + int(running * self._claim_s / hold))
-        return max(0, min(c, 2 * c - ready - out[0].asked))
+        return max(0, min(c, 2 * c - len(self._ready) - out[0].asked))
 
     def _may_pair(self) -> bool:
         """Whether a second claim may follow the next one while it is in flight (``_second``,

@@ -405,7 +405,11 @@ class Studio:
             return self.render(request, "message.html", 400, message=error)
         jobs = []
         for org, jid in keys:
-            jobs.append((org, jid, await gnl.get_job(self.store.work, jid, org)))
+            try:
+                job = await gnl.get_job(self.store.work, jid, org)
+            except gnl.InvalidArgumentError:
+                job = None  # an organization no job can have: shown as no such job
+            jobs.append((org, jid, job))
         return self.render(request, "confirm.html", action=action, jobs=jobs, json=json)
 
     async def audit_page(self, request: Request) -> Response:

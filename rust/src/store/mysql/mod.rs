@@ -237,7 +237,7 @@ impl MysqlStore {
             .map_err(|e| Error::invalid(format!("bad MySQL URL: {}", super::url::reason(&e))))?
             .timezone(Some(String::from("+00:00")))
             .statement_cache_capacity(STATEMENT_CACHE);
-        if opts.get_database().is_none() {
+        if opts.get_database().is_none_or(str::is_empty) {
             // No database selected: every statement would fail (DECISIONS "Store URLs").
             return Err(Error::invalid(format!(
                 "store URL {:?} names no database: give one, mysql://USER@HOST:PORT/DATABASE",
