@@ -101,6 +101,16 @@ def test_a_non_loopback_host_without_a_token_is_refused_in_one_line(sqlite_url: 
         assert len(lines) == 1 and "without a token" in lines[0], r.stderr
 
 
+def test_a_host_that_names_no_address_is_said_before_the_token_rule(sqlite_url: str) -> None:
+    # `--host 999.1.1.1` asked for a token (it is not loopback), then failed to bind.
+    for host in ("999.1.1.1", "no-such-host.invalid"):
+        r = _cli("studio", sqlite_url, "--host", host, "--port", str(free_port()))
+        assert r.returncode == 2, r
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "is no address to bind" in lines[0], r.stderr
+        assert "token" not in lines[0]
+
+
 def test_studio_binds_the_loopback_address_by_default(sqlite_url: str, tmp_path: Path) -> None:
     s = start_studio(sqlite_url, tmp_path)
     try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict
@@ -949,6 +950,13 @@ def studio(
         from .studio.security import Tokens, is_loopback
     except ImportError as e:
         _fail(f"gnl studio needs the studio extra (pip install 'gnl[studio]'): {e}")
+    try:
+        # Before the token rule: an address that names nothing is the mistake to report.
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as e:
+        raise click.BadParameter(
+            f"{host!r} is no address to bind ({e})", param_hint="--host"
+        ) from None
     if not is_loopback(host) and not (token or admin_token):
         _fail(
             f"refusing to serve Studio on {host} without a token: pass --token "
