@@ -343,6 +343,23 @@ def test_an_app_module_that_raises_on_import_shows_its_own_traceback(tmp_path: P
     assert not (tmp_path / "x.db").exists()  # nothing was opened
 
 
+async def test_roles_with_nothing_to_run_do_not_start(tmp_path: Path) -> None:
+    # `gnl run app --only worker` of an app without jobs logged "nothing to run" and sat
+    # idle until stopped (exit 0): a mistyped module or role looked like a healthy process.
+    app = gnl.App(url=f"sqlite:///{tmp_path}/x.db")
+
+    @app.job("j")
+    async def j(payload: Any, ctx: gnl.JobContext) -> None:
+        return None
+
+    for only in (["consumers"], ["scheduler", "waker"]):
+        with pytest.raises(gnl.AppError, match="nothing to run: the app declares 1 job type"):
+            await app.serve(only=only)
+    with pytest.raises(gnl.AppError, match="nothing to run"):
+        await gnl.App(url=f"sqlite:///{tmp_path}/x.db").serve()
+    assert not (tmp_path / "x.db").exists()  # refused before the store was opened
+
+
 def test_bad_target_is_usage_error(tmp_path: Path) -> None:
     for target, msg in (
         ("nocolon", "MODULE:ATTR"),

@@ -112,9 +112,12 @@ def test_every_command_happy_path(store_url: Callable[[], str]) -> None:
     # runs
     runs = [json.loads(ln) for ln in gnl_cmd("runs", "list", "--json", env=env).output.splitlines()]
     assert [(x["run_id"], x["state"]) for x in runs] == [("r1", "done")]
+    # A listing reads no steps: no "steps" key (it printed "steps": [] for runs with steps).
+    assert all("steps" not in x for x in runs), runs
     assert "r1" in gnl_cmd("runs", "list", env=env).output
     run_out = gnl_cmd("runs", "show", "r1", "--json", env=env).output
     assert len(run_out.splitlines()) == 1 and json.loads(run_out)["result"] == 7, run_out
+    assert [s["name"] for s in json.loads(run_out)["steps"]], run_out
     assert "done" in gnl_cmd("runs", "show", "r1", env=env).output
 
     # events

@@ -111,6 +111,24 @@ def test_a_host_that_names_no_address_is_said_before_the_token_rule(sqlite_url: 
         assert "token" not in lines[0]
 
 
+def test_a_port_in_use_and_an_audit_log_that_is_a_directory_are_one_line(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    # A port in use printed uvicorn's log line and exited 3; a directory as the audit log
+    # was "cannot serve on ...: Is a directory".
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        r = _cli("studio", sqlite_url, "--port", str(port))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1, r
+    assert lines[0].startswith(f"gnl: cannot serve on 127.0.0.1:{port}") and "in use" in lines[0]
+    r = _cli("studio", sqlite_url, "--port", str(free_port()), "--audit-log", str(tmp_path))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "is a directory" in lines[0], r
+
+
 def test_studio_binds_the_loopback_address_by_default(sqlite_url: str, tmp_path: Path) -> None:
     s = start_studio(sqlite_url, tmp_path)
     try:

@@ -429,6 +429,19 @@ class App:
         return target
 
     def _check(self, roles: frozenset[str]) -> None:
+        runs = (
+            ("worker" in roles and self._jobs)
+            or (roles & {"scheduler", "waker"} and self._workflows)
+            or ("consumers" in roles and self._consumers)
+        )
+        if not runs:
+            # A process that would sit idle (a mistyped module, --only a role the app does not
+            # use): said at start, not logged as "nothing to run" and left running.
+            raise AppError(
+                f"nothing to run: the app declares {len(self._jobs)} job type(s), "
+                f"{len(self._workflows)} workflow(s) and {len(self._consumers)} consumer(s), "
+                f"and the roles {', '.join(sorted(roles))} run none of them"
+            )
         for decl in self._schedules.values():
             if decl.workflow not in self._workflows:
                 known = ", ".join(repr(k) for k in sorted(self._workflows)) or "none"
@@ -470,7 +483,8 @@ class App:
 
         Raises:
             InvalidArgumentError: no URL, an unknown role, a bad ``grace_ms``.
-            AppError: the app cannot start (see :class:`AppError`); nothing was started.
+            AppError: the app cannot start (see :class:`AppError`), or its roles have
+                nothing to run (no job type for ``worker``, ...); nothing was started.
         """
         roles = _roles(only)
         check_int(grace_ms, "grace_ms", 0, MAX_DURATION_MS)
@@ -490,7 +504,7 @@ class App:
                 "gnl run: started on %s (pid %d): %s",
                 storage.backend,
                 os.getpid(),
-                "; ".join(p[0] for p in parts) or "nothing to run",
+                "; ".join(p[0] for p in parts),
             )
             await stop.wait()
             return await _shutdown(parts, running, grace_ms)

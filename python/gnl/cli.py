@@ -728,7 +728,12 @@ def _run_dict(run: gnl.RunInfo) -> dict[str, Any]:
 @click.option(
     "--limit", default=50, show_default=True, type=click.IntRange(1, 10_000), help="Runs to show."
 )
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="One JSON object per line, without steps (gnl runs show RUN_ID --json has them).",
+)
 def runs_list(
     url: str | None, state: str | None, workflow: str | None, limit: int, as_json: bool
 ) -> None:
@@ -743,7 +748,11 @@ def runs_list(
     items = _run(go)
     if as_json:
         for run in items:
-            click.echo(json.dumps(_run_dict(run), ensure_ascii=False))
+            # A listing reads no steps: no "steps" key (an empty list read as "no steps");
+            # `gnl runs show RUN_ID --json` has them.
+            d = _run_dict(run)
+            del d["steps"]
+            click.echo(json.dumps(d, ensure_ascii=False))
         return
     console = Console()
     if not items:
@@ -957,6 +966,10 @@ def studio(
         raise click.BadParameter(
             f"{host!r} is no address to bind ({e})", param_hint="--host"
         ) from None
+    if audit_log is not None and os.path.isdir(audit_log):
+        raise click.BadParameter(
+            f"{audit_log!r} is a directory, not a file", param_hint="--audit-log"
+        )
     if not is_loopback(host) and not (token or admin_token):
         _fail(
             f"refusing to serve Studio on {host} without a token: pass --token "
@@ -987,7 +1000,7 @@ def studio(
     except gnl.GnlError as e:
         _fail(f"{type(e).__name__}: {e}")
     except OSError as e:
-        _fail(f"cannot serve on {host}:{port}: {e}")
+        _fail(f"cannot serve on {host}:{port}: {e}", 1)
 
 
 @cli.group(epilog=_ex("gnl triggers list", "gnl triggers unschedule nightly"))

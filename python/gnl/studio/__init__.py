@@ -8,6 +8,7 @@ Installed with the ``studio`` extra: ``pip install gnl[studio]``.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterable
 
 from .app import MAX_BULK, PAGES, NavPage, StudioConfig, create_app
@@ -39,6 +40,7 @@ def serve(
 
     Raises:
         ValueError: a non-loopback ``host`` without a token.
+        OSError: the address cannot be bound (in use, not this machine's).
         GnlError: the store cannot be opened.
     """
     import uvicorn
@@ -55,6 +57,12 @@ def serve(
         audit_path=audit_path or default_audit_path(),
         allowed_hosts=tuple(allowed_hosts),
     )
+    # The address is taken here first, so that one in use is an OSError for the caller (gnl
+    # studio: one line, exit 1), not uvicorn's log line and its exit code 3.
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
     uvicorn.run(
         create_app(config),
         host=host,
