@@ -74,6 +74,39 @@ async def test_a_cron_trigger_fires_each_slot_once_with_its_slot(storage: gnl.St
     assert res.run_ids == ["sched:wf:1"]
 
 
+async def test_a_trigger_scheduled_again_after_unschedule_runs_its_fires(
+    storage: gnl.Storage,
+) -> None:
+    # Unschedule, then register the same id again (what a changed schedule asks for): the
+    # new trigger counted its fires from 0 again, so its first run id was the old trigger's
+    # first run and read back its recorded result: nothing ran, silently.
+    seen: list[Any] = []
+
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        return await ctx.step("send", lambda: seen.append(input) or input)
+
+    runner = gnl.create_gnl(storage, {"report": wf})
+    await gnl.schedule_workflow(storage, "report", id="tick", every_ms=1_000, input="v1", now_ms=T0)
+    for k in range(1, 6):
+        res = await gnl.poll_scheduler(storage, runner, now_ms=T0 + k * 1_000)
+        assert res.run_ids == [f"sched:tick:{k - 1}"]
+    assert seen == ["v1"] * 5
+    assert await gnl.unschedule(storage, "tick")
+    await gnl.schedule_workflow(
+        storage, "report", id="tick", every_ms=2_000, input="v2", now_ms=T0 + 5_500
+    )
+    assert (await trigger(storage, "tick")).fire_count == 5
+    res = await gnl.poll_scheduler(storage, runner, now_ms=T0 + 7_500)
+    assert res.run_ids == ["sched:tick:5"] and seen == ["v1"] * 5 + ["v2"]
+    run = await gnl.get_run(storage, "sched:tick:5")
+    assert run is not None and (run.state, run.result) == ("done", "v2")
+    # Registered again with the same definition: a no-op, the count goes on.
+    await gnl.schedule_workflow(
+        storage, "report", id="tick", every_ms=2_000, input="v2", now_ms=T0 + 5_500
+    )
+    assert (await trigger(storage, "tick")).fire_count == 6
+
+
 async def test_every_and_at_triggers(storage: gnl.Storage) -> None:
     await gnl.schedule_workflow(storage, "wf", id="e", every_ms=1_000, now_ms=T0)
     await gnl.schedule_workflow(storage, "wf", id="a", at=T0 + 500, now_ms=T0)

@@ -307,9 +307,14 @@ async def schedule_workflow(
         first = anchor + int(spec)
     else:
         first = int(spec)
+    # A trigger created under an id that an unscheduled one had numbers its fires after that
+    # one's runs: `sched:<id>:0` again would read back the old run's recorded result, and
+    # the new fire would run nothing (found by a new user, session 21).
+    registered = await _native.trigger_get(native, id)
+    fires = 0 if registered is not None else await _fires_past(native, id)
     initial: _native.TriggerStateTuple = (
         "pending" if first is not None else "done",
-        0,
+        fires,
         first,
         first,
         None,
@@ -331,6 +336,27 @@ async def schedule_workflow(
             f"({_changes(row.definition, definition)}); unschedule it first to change it"
         )
     return id
+
+
+async def _fires_past(native: _native.NativeStore, id: str) -> int:
+    """The first ``n`` with no run ``sched:<id>:<n>``: the runs of earlier triggers of this id
+    are ``0 .. m-1`` (each fire that counted has its run), found in O(log m) reads."""
+
+    async def taken(n: int) -> bool:
+        return await _native.run_get(native, f"sched:{id}:{n}") is not None
+
+    if not await taken(0):
+        return 0
+    lo, hi = 0, 1  # run lo exists; hi is probed
+    while await taken(hi):
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if await taken(mid):
+            lo = mid
+        else:
+            hi = mid
+    return hi
 
 
 def _changes(registered: str, given: str) -> str:
