@@ -838,14 +838,11 @@ def load_app(target: str) -> App:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
-    except ModuleNotFoundError as e:
-        if e.name and module_name.startswith(e.name):
-            raise InvalidArgumentError(f"no module {module_name!r} (from {target!r})") from e
-        raise AppImportError(
-            f"importing {module_name!r} (from {target!r}) raised {type(e).__name__}: {e}"
-        ) from e
     except Exception as e:
-        # The user's code failed, not gnl: said as such (gnl run prints its traceback).
+        if isinstance(e, ModuleNotFoundError) and e.name and module_name.startswith(e.name):
+            raise InvalidArgumentError(f"no module {module_name!r} (from {target!r})") from e
+        # The user's code failed (a missing dependency of its own included), not gnl: said as
+        # such (gnl run prints its traceback).
         raise AppImportError(
             f"importing {module_name!r} (from {target!r}) raised {type(e).__name__}: {e}"
         ) from e

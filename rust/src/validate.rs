@@ -55,6 +55,17 @@ pub fn job_id(id: &str) -> Result<()> {
     Ok(())
 }
 
+/// The id of a job or event looked up (get, retry, cancel, a dead event's retry): an empty
+/// one names nothing (enqueue and emit refuse it), so it is a mistake, not a miss.
+pub fn lookup_id(name: &str, id: &str, what: &str) -> Result<()> {
+    if id.is_empty() {
+        return Err(Error::invalid(format!(
+            "{name} must be a non-empty string (no {what} has an empty id)"
+        )));
+    }
+    Ok(())
+}
+
 /// A job type: non-empty, at most 200 characters, no control characters.
 pub fn job_type(t: &str) -> Result<()> {
     if t.is_empty() {

@@ -253,11 +253,7 @@ fn event_dead_retry<'py>(
     id: String,
 ) -> PyResult<Bound<'py, PyAny>> {
     names(&topic, Some(&name))?;
-    if id.is_empty() {
-        return Err(to_py(crate::error::Error::invalid(
-            "id must be a non-empty string (no event has an empty id)",
-        )));
-    }
+    crate::validate::lookup_id("id", &id, "event").map_err(to_py)?;
     crate::validate::job_id(&id).map_err(to_py)?;
     let s = store.inner.clone();
     spawn(py, async move { s.dead_retry(&topic, &name, &id).await })

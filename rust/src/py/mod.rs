@@ -237,14 +237,9 @@ fn org_key(org: Option<&str>) -> PyResult<String> {
     }
 }
 
-/// The id of a job looked up (get, retry, cancel): an empty one names no job (enqueue
-/// refuses it), so it is a mistake, not a miss.
+/// The id of a job looked up (get, retry, cancel): `validate::lookup_id`.
 fn lookup_id(id: &str) -> PyResult<String> {
-    if id.is_empty() {
-        return Err(to_py(crate::error::Error::invalid(
-            "job_id must be a non-empty string (no job has an empty id)",
-        )));
-    }
+    crate::validate::lookup_id("job_id", id, "job").map_err(to_py)?;
     Ok(id.to_string())
 }
 

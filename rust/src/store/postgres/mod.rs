@@ -118,8 +118,9 @@ impl PostgresStore {
             .map_err(|e| Error::invalid(format!("bad Postgres URL: {}", super::url::reason(&e))))?
             .statement_cache_capacity(256);
         if opts.get_database().is_none_or(str::is_empty) {
-            // The server would take the database named after the user (for an empty name too), and gnl would create
-            // its tables there (a bare `postgres://`): name it (DECISIONS "Store URLs").
+            // The server would take the database named after the user (for an empty name
+            // too), and gnl would create its tables there (a bare `postgres://`): name it
+            // (DECISIONS "Store URLs").
             return Err(Error::invalid(format!(
                 "store URL {:?} names no database: give one, postgres://USER@HOST:PORT/DATABASE \
                  (or ?dbname=, or PGDATABASE)",
