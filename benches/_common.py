@@ -31,6 +31,7 @@ import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 #: The anchor's jobs table: gnl's columns, its unique (org, id), its lease and listing
 #: indexes; the due index is keyed (run_at, seq) because the plain loop is one FIFO.
@@ -126,6 +127,24 @@ class Workdir:
 
     def cleanup(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)
+
+
+async def timed_drain(storage: Any, handlers: Any, n: int, **options: Any) -> tuple[float, float]:
+    """``gnl.create_worker(storage, handlers, **options).drain()`` timed: seconds, and the
+    statements the store sent per job; checks that all ``n`` jobs succeeded, then stops the
+    worker and closes ``storage``."""
+    import gnl
+
+    worker = gnl.create_worker(storage, handlers, **options)
+    q0 = storage.query_count
+    t0 = time.perf_counter()
+    res = await worker.drain()
+    dt = time.perf_counter() - t0
+    queries = storage.query_count - q0
+    await worker.stop()
+    await storage.close()
+    assert res.processed == n and res.succeeded == n, res
+    return dt, queries / n
 
 
 def collect() -> None:

@@ -76,19 +76,11 @@ async def gnl_drain(n: int, orgs: int, conc: int) -> tuple[float, float]:
         nonlocal seen
         seen += payload["id"] >= 0
 
-    worker = gnl.create_worker(storage, {"noop": noop}, concurrency=conc, ttl_ms=TTL_MS)
-    q0 = storage.query_count
-    t0 = time.perf_counter()
-    res = await worker.drain()
-    dt = time.perf_counter() - t0
-    queries = storage.query_count - q0
-    await worker.stop()
-    await storage.close()
-    assert res.processed == n and res.succeeded == n, res
+    dt, per_job = await c.timed_drain(storage, {"noop": noop}, n, concurrency=conc, ttl_ms=TTL_MS)
     assert seen == n, (seen, n)
     done = s.mysql_scalar(f"SELECT count(*) FROM `{DB}`.gnl_jobs WHERE state = 'done'")
     assert done == n, (done, n)
-    return dt, queries / n
+    return dt, per_job
 
 
 # -- anchor ----------------------------------------------------------------------------------

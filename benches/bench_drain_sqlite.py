@@ -107,16 +107,7 @@ async def noop(payload: Any, ctx: gnl.JobContext) -> None:
 async def gnl_drain(path: Path, concurrency: int, n: int) -> tuple[float, float]:
     """Seconds to drain, and queries sent per job."""
     storage = await gnl.connect(c.sqlite_url(path))
-    worker = gnl.create_worker(storage, {"noop": noop}, concurrency=concurrency, ttl_ms=TTL_MS)
-    q0 = storage.query_count
-    t0 = time.perf_counter()
-    res = await worker.drain()
-    dt = time.perf_counter() - t0
-    queries = storage.query_count - q0
-    await worker.stop()
-    await storage.close()
-    assert res.processed == n and res.succeeded == n, res
-    return dt, queries / n
+    return await c.timed_drain(storage, {"noop": noop}, n, concurrency=concurrency, ttl_ms=TTL_MS)
 
 
 def gnl_run(path: Path, concurrency: int, n: int) -> tuple[float, float]:
