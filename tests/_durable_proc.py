@@ -19,7 +19,8 @@ Modes:
         and blocks.
         Until ``DIR/stop`` exists.
   amo FIRST COUNT  run workflow ``pay`` as ``amo-FIRST`` … ``amo-(FIRST+COUNT-1)``, in order,
-        skipping runs already done: step ``pre``, at-most-once step ``pay`` (body: ``P run_id``,
+        skipping runs already done (a run whose killed process's 200 ms lease is live is
+        tried again until it lapses): step ``pre``, at-most-once step ``pay`` (body: ``P run_id``,
         a few ms of work, ``Q run_id``), step ``post``. A run that raises
         StepOutcomeUnknownError writes ``U run_id``; one that finishes ``R run_id``.
 """
@@ -134,13 +135,20 @@ async def main(mode: str, url: str, out: Path, args: list[str]) -> int:
         await worker.stop()
     elif mode == "amo":
         first, count = int(args[0]), int(args[1])
+        g_amo = gnl.create_gnl(storage, WORKFLOWS, lease_ms=200)
         for i in range(first, first + count):
             run_id = f"amo-{i}"
-            try:
-                await g.run_workflow("pay", run_id=run_id)
-                record("R", run_id)
-            except gnl.StepOutcomeUnknownError:
-                record("U", run_id)
+            while True:
+                try:
+                    await g_amo.run_workflow("pay", run_id=run_id)
+                    record("R", run_id)
+                except gnl.StepOutcomeUnknownError:
+                    record("U", run_id)
+                except gnl.RunBusyError:
+                    # The killed process's lease (200 ms) has not lapsed yet.
+                    await asyncio.sleep(0.02)
+                    continue
+                break
     await storage.close()
     return 0
 

@@ -26,6 +26,21 @@ def tally() -> tuple[dict[str, int], Any]:
     return calls, effect
 
 
+def gated(effect: Any) -> tuple[Any, asyncio.Event, asyncio.Event]:
+    """A workflow that runs step ``a``, sets ``inside``, waits for ``go_on``, then runs step
+    ``b`` and returns its result; with the two events."""
+    inside = asyncio.Event()
+    go_on = asyncio.Event()
+
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        await ctx.step("a", effect, "a")
+        inside.set()
+        await go_on.wait()
+        return await ctx.step("b", effect, "b")
+
+    return wf, inside, go_on
+
+
 async def test_steps_are_keyed_by_name_and_call(storage: gnl.Storage) -> None:
     calls, effect = tally()
 
@@ -70,39 +85,84 @@ async def test_a_finished_run_is_read_back(storage: gnl.Storage) -> None:
     )
 
 
-async def test_two_concurrent_executors_converge_on_the_first_result(
+async def test_an_executor_whose_lease_lapsed_and_its_successor_converge_on_the_first_result(
     storage: gnl.Storage,
 ) -> None:
-    other = await gnl.connect(storage.url)
-    both_in = asyncio.Barrier(2)
+    # Executions overlap only when the first one's lease lapsed while it was still going (a
+    # stalled process): the successor takes the run over, and the step that the stalled one
+    # records first is the one both go on with.
+    native = storage._native
+    await _native.run_start(native, "r", "wf", None, None, None, "stalled:1:x", 3)
+    await asyncio.sleep(0.05)  # its 3 ms lease lapsed; it is still "running" its step
+    in_body = asyncio.Event()
+    stalled_wrote = asyncio.Event()
     effects: list[str] = []
 
-    def make(tag: str) -> Any:
-        async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
-            async def body() -> str:
-                effects.append(tag)
-                await both_in.wait()  # both run the step's body before either records
-                return tag
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        async def body() -> str:
+            effects.append("b")
+            in_body.set()
+            await stalled_wrote.wait()  # the stalled execution records its result first
+            return "b"
 
-            first = await ctx.step("pick", body)
-            second = await ctx.step("after", lambda: f"{tag}-after")
-            return [first, second]
+        first = await ctx.step("pick", body)
+        return [first, await ctx.step("after", lambda: f"{first}-after")]
 
-        return wf
+    g = gnl.create_gnl(storage, {"wf": wf})
+    run = asyncio.create_task(g.run_workflow("wf", run_id="r"))
+    await in_body.wait()
+    assert await _native.step_put(native, "r", "pick", 0, 0, "stalled") is None  # recorded
+    stalled_wrote.set()
+    assert await run == ["stalled", "stalled-after"]
+    assert effects == ["b"]  # a plain step's body: at least once
+    got = await gnl.get_run(storage, "r")
+    assert got is not None and got.result == ["stalled", "stalled-after"]
+    assert [s.result for s in got.steps] == ["stalled", "stalled-after"]
 
+
+async def test_a_second_executor_of_a_live_run_is_refused_and_runs_nothing(
+    storage: gnl.Storage,
+) -> None:
+    # Two run_workflow calls of one run (two processes, or a scheduler's fire retry beside the
+    # waker's resume): the second is refused while the first one's lease is live, so no later
+    # step's side effect happens twice.
+    other = await gnl.connect(storage.url)
+    calls, effect = tally()
+    wf, inside, go_on = gated(effect)
     try:
-        a = gnl.create_gnl(storage, {"wf": make("a")})
-        b = gnl.create_gnl(other, {"wf": make("b")})
-        ra, rb = await asyncio.gather(
-            a.run_workflow("wf", run_id="r"), b.run_workflow("wf", run_id="r")
-        )
-        assert sorted(effects) == ["a", "b"]  # a plain step's body: at least once
-        assert ra == rb, "both executors return the recorded (winner's) values"
-        run = await gnl.get_run(storage, "r")
-        assert run is not None and run.result == ra
-        assert [s.result for s in run.steps] == ra
+        g = gnl.create_gnl(storage, {"wf": wf})
+        first = asyncio.create_task(g.run_workflow("wf", run_id="r"))
+        await inside.wait()
+        second = gnl.create_gnl(other, {"wf": wf})
+        with pytest.raises(gnl.RunBusyError) as busy:
+            await second.run_workflow("wf", run_id="r")
+        assert busy.value.at_lock_acquisition is True
+        assert "being executed elsewhere" in str(busy.value)
+        go_on.set()
+        assert await first == "b"
+        assert calls == {"a": 1, "b": 1}
+        # Once it is done, the second executor reads the result back.
+        assert await second.run_workflow("wf", run_id="r") == "b"
+        assert calls == {"a": 1, "b": 1}
     finally:
         await other.close()
+
+
+async def test_a_run_the_waker_resumes_refuses_another_executor(storage: gnl.Storage) -> None:
+    calls, effect = tally()
+    wf, inside, go_on = gated(effect)
+    g = gnl.create_gnl(storage, {"wf": wf})
+    native = storage._native
+    await _native.run_start(native, "r", "wf", None, None, None, "dead:1:x", 3)  # died
+    await asyncio.sleep(0.05)
+    tick = asyncio.create_task(gnl.create_workflow_waker(g).tick())
+    await inside.wait()
+    with pytest.raises(gnl.RunBusyError):
+        await g.run_workflow("wf", run_id="r")
+    go_on.set()
+    assert await tick == 1
+    assert calls == {"a": 1, "b": 1}
+    assert await g.run_workflow("wf", run_id="r") == "b"
 
 
 async def test_a_raising_step_records_nothing_and_runs_again(storage: gnl.Storage) -> None:
@@ -242,6 +302,68 @@ async def test_an_aborted_signal_stops_at_the_next_step_and_the_run_resumes(
     assert run is not None and [s.name for s in run.steps] == ["a"]
     assert await g.run_workflow("wf", run_id="r") == ["a", "b"]
     assert calls == {"a": 1, "b": 1}
+
+
+async def test_a_run_stopped_by_shutdown_is_left_to_the_waker(storage: gnl.Storage) -> None:
+    # gnl run's shutdown aborts its runs' signals with why="shutdown": the run stops at its
+    # next step boundary and is suspended, due at once, so the waker (the next process's)
+    # resumes it; a run stopped by any other abort is failed until someone runs it again.
+    calls, effect = tally()
+    signal = gnl.RevocationSignal()
+
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        a = await ctx.step("a", effect, "a")
+        if ctx.signal is signal:
+            signal.abort("shutdown", "shutdown: the process is stopping")
+        return [a, await ctx.step("b", effect, "b")]
+
+    g = gnl.create_gnl(storage, {"wf": wf})
+    before = await storage.now_ms()
+    with pytest.raises(gnl.ExecutionRevokedError) as revoked:
+        await g.run_workflow("wf", run_id="r", signal=signal)
+    assert revoked.value.why == "shutdown"
+    run = await gnl.get_run(storage, "r")
+    assert run is not None and run.state == "suspended" and run.error is None
+    assert run.wake_at is not None and before <= run.wake_at <= await storage.now_ms()
+    assert run.lease_owner is None
+    assert await gnl.create_workflow_waker(g).tick() == 1
+    run = await gnl.get_run(storage, "r")
+    assert run is not None and run.state == "done" and run.result == ["a", "b"]
+    assert calls == {"a": 1, "b": 1}
+
+
+async def test_a_failed_run_resumes_when_handed_to_the_waker(storage: gnl.Storage) -> None:
+    calls, effect = tally()
+    broken = True
+
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        a = await ctx.step("a", effect, "a")
+        if broken:
+            raise RuntimeError("the service was down")
+        return [a, await ctx.step("b", effect, "b")]
+
+    g = gnl.create_gnl(storage, {"wf": wf})
+    with pytest.raises(RuntimeError):
+        await g.run_workflow("wf", run_id="r")
+    run = await gnl.get_run(storage, "r")
+    assert run is not None and run.state == "failed" and "service was down" in (run.error or "")
+    waker = gnl.create_workflow_waker(g)
+    assert await waker.tick() == 0  # a failed run is not run again by itself
+    broken = False
+    assert await gnl.resume_run(storage, "r") is True
+    assert await gnl.resume_run(storage, "r") is False  # suspended now, not failed
+    assert await gnl.resume_run(storage, "nope") is False
+    run = await gnl.get_run(storage, "r")
+    assert run is not None and (run.state, run.error) == ("suspended", None)
+    assert await waker.tick() == 1
+    run = await gnl.get_run(storage, "r")
+    assert run is not None and run.state == "done" and run.result == ["a", "b"]
+    assert calls == {"a": 1, "b": 1}
+    assert await gnl.resume_run(storage, "r") is False  # done
+    with pytest.raises(gnl.InvalidArgumentError):
+        await gnl.resume_run(storage, "")
+    with pytest.raises(TypeError):
+        await gnl.resume_run(storage, 7)  # type: ignore[arg-type]
 
 
 async def test_sleep_suspends_and_the_waker_resumes_once(storage: gnl.Storage) -> None:
@@ -533,6 +655,23 @@ def test_gnl_runs_list_show_resolve(store_url: Any) -> None:
     assert cli("resolve", "stuck", "pay", "--retry").returncode == 1  # nothing left to resolve
     shown = json.loads(cli("show", "stuck", "--json").stdout)
     assert shown["steps"][0]["result"] == {"paid": True}
+    # The run failed: `runs resume` hands it to the waker; a run that is not failed is not.
+    assert "gnl runs resume stuck" in done.stdout
+    assert cli("resume", "stuck").returncode == 1  # running, not failed
+
+    async def fail() -> None:
+        async with await gnl.connect(url) as st:
+            assert await _native.run_fail(st._native, "stuck", "StepOutcomeUnknownError: pay")
+
+    asyncio.run(fail())
+    resumed = cli("resume", "stuck", "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout) == {"run_id": "stuck", "state": "suspended"}
+    shown = json.loads(cli("show", "stuck", "--json").stdout)
+    assert (shown["state"], shown["error"]) == ("suspended", None)
+    again = cli("resume", "stuck")
+    assert again.returncode == 1 and "is suspended, not failed" in again.stderr
+    assert "no run 'nope'" in cli("resume", "nope").stderr
 
 
 async def test_a_critical_run_whose_lock_is_taken_stops_with_lease_lost(
@@ -559,6 +698,10 @@ async def test_a_critical_run_whose_lock_is_taken_stops_with_lease_lost(
         await asyncio.wait_for(run, 10)
     assert revoked.value.why == "lease-lost"
     assert calls == {"a": 1}
+    # Nothing was written over the run (another execution may hold it): still running, and
+    # the waker's once its lease lapses.
+    got = await gnl.get_run(storage, "r")
+    assert got is not None and got.state == "running" and got.error is None
 
 
 async def hold_write_lock(storage: gnl.Storage, seconds: float) -> asyncio.subprocess.Process:

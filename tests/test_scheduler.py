@@ -266,6 +266,41 @@ async def test_a_busy_run_is_a_deferral_not_an_attempt(storage: gnl.Storage) -> 
     assert r.calls[0]["scheduled_for"] == T0 + MIN
 
 
+async def test_a_fire_retry_of_a_run_the_waker_resumes_is_deferred_not_run_twice(
+    storage: gnl.Storage,
+) -> None:
+    # After a crash the waker resumes the slot's run (its lease lapsed) and the trigger's fire
+    # is retried (its fire lock lapsed): the retry is refused while the waker's execution is
+    # live, deferred, and reads the result back later; no step runs twice.
+    calls: list[str] = []
+    inside = asyncio.Event()
+    go_on = asyncio.Event()
+
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        await ctx.step("a", calls.append, "a")
+        inside.set()
+        await go_on.wait()
+        await ctx.step("b", calls.append, "b")
+        return "ok"
+
+    g = gnl.create_gnl(storage, {"wf": wf})
+    await gnl.schedule_workflow(storage, "wf", every_ms=MIN, now_ms=T0)
+    # The crashed process's execution of slot 0: started, lease lapsed.
+    await _native.run_start(storage._native, "sched:wf:0", "wf", None, None, T0 + MIN, "dead", 3)
+    await asyncio.sleep(0.05)
+    resumed = asyncio.create_task(gnl.create_workflow_waker(g).tick())
+    await inside.wait()
+    res = await gnl.poll_scheduler(storage, g, retry_ms=7_000, now_ms=T0 + MIN)
+    assert (res.fired, res.skipped, res.deferred) == (0, 1, 1)
+    go_on.set()
+    assert await resumed == 1
+    res = await gnl.poll_scheduler(storage, g, now_ms=T0 + MIN + 7_000)
+    assert (res.fired, res.failed, res.run_ids) == (1, 0, ["sched:wf:0"])
+    assert calls == ["a", "b"]
+    t = await trigger(storage, "wf")
+    assert (t.fire_count, t.attempts, t.deferrals) == (1, 0, 1)
+
+
 async def test_failures_back_off_then_the_trigger_fails(storage: gnl.Storage) -> None:
     await gnl.schedule_workflow(storage, "wf", every_ms=MIN, max_attempts=3, now_ms=T0)
     bad = Recorder(raises=RuntimeError("boom"))

@@ -23,6 +23,7 @@ from .durable import (
     get_run,
     list_runs,
     resolve_step,
+    resume_run,
     scan_runs,
 )
 from .errors import (
@@ -168,6 +169,7 @@ __all__ = [
     "next_cron_time",
     "parse_field",
     "resolve_step",
+    "resume_run",
     "retry_dead_event",
     "redact_url",
     "retry_job",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -894,7 +895,38 @@ def runs_resolve(
             {"run_id": run_id, "step": step, "n": n, "resolved": "retry" if retry else "value"}
         )
         return
-    click.echo(f"step {step!r} (call {n}) of run {run_id!r} resolved; resume the run")
+    click.echo(
+        f"step {step!r} (call {n}) of run {run_id!r} resolved; resume the run"
+        f" (a failed run: gnl runs resume {shlex.quote(run_id)})"
+    )
+
+
+@runs.command("resume", epilog=_ex("gnl runs resume sched:nightly:12"))
+@click.argument("run_id", metavar="RUN_ID", callback=_nonempty)
+@_url_option
+@_json_option
+def runs_resume(run_id: str, url: str | None, as_json: bool) -> None:
+    """Hand a failed run to the waker: it is resumed at the next tick of a waker that serves
+    its workflow (gnl run), its recorded steps not run again."""
+    target = _need_store(url)
+
+    async def go() -> str | None:
+        """None when handed over, else why nothing changed."""
+        async with await _open(target) as storage:
+            if await gnl.resume_run(storage, run_id):
+                return None
+            run = await gnl.get_run(storage, run_id)
+            if run is None:
+                return f"no run {run_id!r}"
+            return f"run {run_id!r} is {run.state}, not failed; nothing changed"
+
+    why = _run(go)
+    if why is not None:
+        _fail(why, 1)
+    if as_json:
+        _print_json({"run_id": run_id, "state": "suspended"})
+        return
+    click.echo(f"run {run_id!r} is due to the waker (a process serving its workflow resumes it)")
 
 
 # -- studio ---------------------------------------------------------------------------------------

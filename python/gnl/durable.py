@@ -3,12 +3,15 @@
 * :func:`create_gnl` returns a :class:`Gnl`, the runner: ``run_workflow(name, run_id=...)``
   starts a run or resumes it. A run's steps (``ctx.step``) are keyed ``(run_id, name, n)``,
   ``n`` counting the earlier calls of ``name`` in the run; the first recorded result is kept
-  and read back by every later execution, so two executors, a crash and a resume converge on
-  one recorded result per step.
+  and read back by every later execution, so a crash, a resume and an execution that outlived
+  its lease converge on one recorded result per step.
 * A run has a record (``gnl_runs``) with a state (``running``, ``suspended``, ``done``,
-  ``failed``). A running run holds a lease, renewed off the Python thread; the waker
+  ``failed``). A running run holds a lease, renewed off the Python thread; while it is live
+  another execution of the run is refused (:class:`~gnl.RunBusyError`). The waker
   (:func:`create_workflow_waker`) resumes suspended runs whose sleep has elapsed and running
-  runs whose lease expired (their process died), each wake-up once across every waker.
+  runs whose lease expired (their process died), each wake-up once across every waker: its
+  claim's lease is the execution's own (``_CLAIMED``). A failed run waits for
+  ``run_workflow`` or :func:`resume_run`.
 * ``preset="critical"`` adds a run lock on ``run_id`` (fencing token, renewed off the Python
   thread, released when the execution ends or suspends).
 * ``ctx.step(..., at_most_once=True)`` records the intent before calling ``fn``; an intent
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import inspect
 import json
 import json.scanner
@@ -41,6 +45,7 @@ from . import _native
 from ._callables import require_async
 from ._time import MAX_DURATION_MS, age_ms, check_int, to_ms
 from .errors import (
+    ExecutionRevokedError,
     GnlError,
     InvalidArgumentError,
     RunBusyError,
@@ -66,6 +71,7 @@ __all__ = [
     "list_runs",
     "scan_runs",
     "resolve_step",
+    "resume_run",
     "run_step",
 ]
 
@@ -519,6 +525,14 @@ def _owner() -> str:
     return f"{_PROCESS}:{secrets.token_hex(6)}"
 
 
+#: ``(run_id, owner)`` of the run a waker claimed for the task resuming it: the execution of
+#: that run id takes the claim's lease as its own (any other run id starts under its own owner:
+#: a run that another owner executes under a live lease is refused, ``RunBusyError``).
+_CLAIMED: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
+    "gnl_claimed", default=None
+)
+
+
 async def execute(
     native: _native.NativeStore,
     journal: Journal,
@@ -548,7 +562,12 @@ async def execute(
         raise TypeError(f"signal must be a gnl.RevocationSignal, not {type(signal).__name__}")
     if input is not None:
         _native.encode_json(input, "input")  # refused before anything is written
-    owner = _owner()
+    claimed = _CLAIMED.get()
+    if claimed is not None and claimed[0] == run_id:
+        owner = claimed[1]
+        _CLAIMED.set(None)
+    else:
+        owner = _owner()
     job = steps is not None
     # SQLite starts and finishes a run, and takes and releases its run lock, at once on this
     # thread when it can (``run_start(..., now=True)`` comes back resolved; ``*_now``
@@ -613,9 +632,18 @@ async def execute(
         except _Suspend as s:
             return RunSuspended(s.wake_at)
         except Exception as e:
-            # The run stays resumable: a later run_workflow (a job's retry) runs it again.
+            why = e.why if isinstance(e, ExecutionRevokedError) and signal.aborted else None
             with contextlib.suppress(Exception):
-                await _native.run_fail(native, run_id, f"{type(e).__name__}: {e}")
+                if why == "lease-lost":
+                    # Another execution may hold the run now: nothing is written over it (if
+                    # none does, its lease lapses and the waker resumes it).
+                    pass
+                elif why == "shutdown" and not job:
+                    # Stopped, not failed: due to the waker at once (the next process's).
+                    await _native.run_suspend(native, run_id, await native.now_ms())
+                else:
+                    # The run stays resumable: a later run_workflow (a job's retry) runs it.
+                    await _native.run_fail(native, run_id, f"{type(e).__name__}: {e}")
             raise
         return value if kept is None else _loads(kept)
     finally:
@@ -691,12 +719,17 @@ class Gnl:
                 ``run_id``, unknown preset, or ``run_id`` is a run of another workflow;
                 nothing is written.
             TypeError: ``input`` or the return value is not JSON (for input: nothing written).
-            RunBusyError: ``preset="critical"`` and another executor holds the run lock
-                (``at_lock_acquisition=True``; nothing ran).
-            ExecutionRevokedError: the signal aborted.
+            RunBusyError: another execution holds the run under a live lease (its process is
+                alive; the waker's resume, another process), or ``preset="critical"`` and
+                another executor holds the run lock (``at_lock_acquisition=True``; nothing
+                ran, nothing written).
+            ExecutionRevokedError: the signal aborted (the run is then ``failed``; with
+                ``why="shutdown"`` ``suspended`` and due at once, for the waker; with
+                ``"lease-lost"`` left as it is).
             StepOutcomeUnknownError: an at-most-once step's earlier start left no result.
             Exception: whatever the workflow raised (the run's state is then ``failed``; a
-                later ``run_workflow`` runs it again).
+                later ``run_workflow`` runs it again, or :func:`resume_run` hands it to the
+                waker).
         """
         if not isinstance(name, str):
             raise TypeError(f"workflow name must be a str, not {type(name).__name__}")
@@ -888,6 +921,33 @@ async def get_run(storage: Storage | Journal, run_id: str) -> RunInfo | None:
     return None if got is None else _run_info(got[0], got[1])
 
 
+async def resume_run(storage: Storage | Journal, run_id: str) -> bool:
+    """Hand a ``failed`` run to the waker (``gnl runs resume``): it becomes ``suspended``, due
+    now, its error cleared, and the next tick of a waker that knows its workflow (``gnl run``'s)
+    resumes it; its recorded steps are not run again.
+
+    Nothing else resumes a failed run by itself: a workflow that raised is not run again in a
+    loop. In a process that has the workflow, ``run_workflow`` resumes it directly; a job's run
+    (``ctx.run``) resumes when its job is retried (:func:`gnl.retry_job`).
+
+    Args:
+        storage: A :class:`~gnl.Storage` or its journal.
+        run_id: The run.
+
+    Returns:
+        True when the run was failed and is now due to the waker; False (nothing changed) when
+        there is no such run or it is not failed.
+
+    Raises:
+        TypeError: ``run_id`` is not a str.
+        InvalidArgumentError: ``run_id`` is empty or longer than 4,000 characters.
+    """
+    if not isinstance(run_id, str):
+        raise TypeError(f"run_id must be a str, not {type(run_id).__name__}")
+    native = native_of(_journal_of(storage), "journal")
+    return await _native.run_wake(native, run_id)
+
+
 async def resolve_step(
     storage: Storage | Journal,
     run_id: str,
@@ -901,7 +961,8 @@ async def resolve_step(
 
     Give exactly one of ``value`` (the side effect happened: record this as its result, so the
     run goes on with it) and ``retry=True`` (it did not: the next execution calls the step's
-    function again). Then resume the run (``run_workflow``, or let the job retry).
+    function again). Then resume the run: ``run_workflow``, :func:`resume_run` (a failed run,
+    for the waker) or, for a job's run, the job's retry.
 
     Args:
         storage: A :class:`~gnl.Storage` or its journal.
@@ -943,7 +1004,6 @@ class WorkflowWaker:
         self._native = native_of(gnl.journal, "journal")
         self.interval_ms = interval_ms
         self.batch = batch
-        self._owner = _owner()
         self._task: asyncio.Task[None] | None = None
         self._stopping: asyncio.Event | None = None
 
@@ -957,18 +1017,23 @@ class WorkflowWaker:
             StoreUnavailableError: the store could not be reached for the claim.
         """
         g = self._gnl
+        owner = _owner()  # each tick's claims their own owner (a claim lapsed and taken again
+        # by this waker is another execution)
         due = await _native.runs_due(
-            self._native, sorted(g._workflows), self._owner, g.lease_ms, self.batch
+            self._native, sorted(g._workflows), owner, g.lease_ms, self.batch
         )
         if due:
-            await asyncio.gather(*(self._resume(r) for r in due))
+            await asyncio.gather(*(self._resume(r, owner) for r in due))
         return len(due)
 
-    async def _resume(self, run: _native.RawRun) -> None:
+    async def _resume(self, run: _native.RawRun, owner: str) -> None:
+        _CLAIMED.set((run.run_id, owner))  # this task's context only
         try:
             await self._gnl.run_workflow(run.workflow, run_id=run.run_id, preset=run.preset)
         except RunBusyError:
             log.debug("gnl waker: run %r is being executed elsewhere", run.run_id)
+        except ExecutionRevokedError as e:
+            log.info("gnl waker: resumed run %r stopped (%s): %s", run.run_id, e.why, e)
         except Exception as e:
             log.warning("gnl waker: resumed run %r raised %s: %s", run.run_id, type(e).__name__, e)
 

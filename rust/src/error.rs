@@ -50,6 +50,9 @@ pub enum Error {
     SchemaTooNew { found: i64, expected: i64 },
     /// The server is too old or otherwise unsupported.
     UnsupportedStore(String),
+    /// A run is being executed by another execution whose lease is live (maps to
+    /// `gnl.RunBusyError` with `at_lock_acquisition=True`); nothing was written.
+    RunBusy(String),
     /// The storage was closed.
     Closed,
     /// A call fed in parts was abandoned by its caller before the last part (nothing was
@@ -60,7 +63,9 @@ pub enum Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::InvalidArgument(m) | Error::WrongType(m) | Error::Cron(m) => f.write_str(m),
+            Error::InvalidArgument(m) | Error::WrongType(m) | Error::Cron(m) | Error::RunBusy(m) => {
+                f.write_str(m)
+            }
             Error::QueueFull { org, depth, max_depth } => write!(
                 f,
                 "queue full: organization {} has {depth} pending jobs with this call, max_depth is {max_depth}; nothing was written",

@@ -14,6 +14,7 @@ pyo3::import_exception!(gnl.errors, StoreUnavailableError);
 pyo3::import_exception!(gnl.errors, SchemaOutdatedError);
 pyo3::import_exception!(gnl.errors, SchemaTooNewError);
 pyo3::import_exception!(gnl.errors, UnsupportedStoreError);
+pyo3::import_exception!(gnl.errors, RunBusyError);
 
 /// Convert a native error into the matching `gnl.errors` class (lazily: no GIL needed).
 pub fn to_py(e: Error) -> PyErr {
@@ -38,6 +39,7 @@ pub fn to_py(e: Error) -> PyErr {
             SchemaTooNewError::new_err((msg, found, expected))
         }
         Error::UnsupportedStore(_) => UnsupportedStoreError::new_err(msg),
+        Error::RunBusy(_) => RunBusyError::new_err((msg, true)),
         Error::Closed | Error::Abandoned => GnlError::new_err(msg),
     }
 }

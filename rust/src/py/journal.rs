@@ -422,6 +422,18 @@ fn run_fail<'py>(
     spawn(py, async move { s.run_fail(&run_id, &error).await })
 }
 
+/// Hand a failed run to the waker; False when it is not failed.
+#[pyfunction]
+fn run_wake<'py>(
+    py: Python<'py>,
+    store: &NativeStore,
+    run_id: String,
+) -> PyResult<Bound<'py, PyAny>> {
+    check_key("run_id", &run_id).map_err(to_py)?;
+    let s = store.inner.clone();
+    spawn(py, async move { s.run_wake(&run_id).await })
+}
+
 /// A run and its steps, or None.
 #[pyfunction]
 fn run_get<'py>(
@@ -811,6 +823,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run_finish, m)?)?;
     m.add_function(wrap_pyfunction!(run_finish_now, m)?)?;
     m.add_function(wrap_pyfunction!(run_fail, m)?)?;
+    m.add_function(wrap_pyfunction!(run_wake, m)?)?;
     m.add_function(wrap_pyfunction!(run_get, m)?)?;
     m.add_function(wrap_pyfunction!(list_runs, m)?)?;
     m.add_function(wrap_pyfunction!(scan_runs, m)?)?;

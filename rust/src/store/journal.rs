@@ -420,7 +420,10 @@ pub trait JournalStore: Send + Sync {
     /// Start an execution in one call: create the run (state running) or read it, and read its
     /// recorded steps. A run that is not done becomes running under `owner` with a fresh
     /// fencing token and, with `lease_ms`, a lease the waker watches. Another workflow name
-    /// under the same run id is refused (`InvalidArgument`), nothing written.
+    /// under the same run id is refused (`InvalidArgument`), and so is a run that another
+    /// owner executes under a live lease (`RunBusy`: two executions never overlap while the
+    /// first one's process is alive); nothing written either way. A run whose lease lapsed
+    /// (its process died or stalled) is taken over.
     async fn run_start(&self, start: &RunStart) -> Result<RunStarted>;
 
     /// `run_start` at once on the calling thread, when the engine can (SQLite: see
@@ -450,6 +453,10 @@ pub trait JournalStore: Send + Sync {
     /// The run's execution failed with `error`: state failed (not the waker's to resume; a
     /// later `run_workflow` runs it again), unless it is done.
     async fn run_fail(&self, run_id: &str, error: &str) -> Result<bool>;
+
+    /// Hand a failed run to the waker (`gnl.resume_run`): state suspended, due now, its error
+    /// cleared. False (nothing changed) when it is not failed.
+    async fn run_wake(&self, run_id: &str) -> Result<bool>;
 
     /// A run with its recorded steps.
     async fn run_get(&self, run_id: &str) -> Result<Option<(RunRow, Vec<StepRow>)>>;
@@ -578,6 +585,16 @@ pub(crate) fn started_run(run: Option<RunRow>, start: &RunStart) -> Result<(RunR
         code: None,
     })?;
     check_workflow(&run, &start.workflow)?;
+    if run.state != "done"
+        && !(run.state == "running" && run.lease_owner.as_deref() == Some(&start.owner))
+    {
+        // The upsert left it alone: another execution's lease is live (see `run_start`).
+        return Err(Error::RunBusy(format!(
+            "run {:?} is being executed elsewhere (by {}, whose lease is live); nothing ran",
+            start.run_id,
+            run.lease_owner.as_deref().unwrap_or("another execution"),
+        )));
+    }
     let created = run.state != "done" && run.token == 1;
     let read = !created && run.state != "done";
     Ok((run, created, read))

@@ -255,24 +255,35 @@ impl JournalStore for MysqlStore {
             "the run's input",
             s.input.as_deref().map_or(0, str::len) + 2 * s.run_id.len(),
         )?;
-        let cond = "(state <> 'done' AND workflow = VALUES(workflow))";
-        // Every column the condition reads (state, workflow) is assigned last or never.
+        // Taken unless done, another workflow's, or executed by another owner under a live
+        // lease. MySQL assigns left to right, and later assignments read the new values (of
+        // `VALUES(col)` too, in MariaDB, once `col` is assigned): the condition reads no
+        // `VALUES()` of an assigned column (the owner is bound again, the clock is `NOW(3)`,
+        // constant in a statement); the columns no condition reads go first; then
+        // `lease_owner` (once it is ours the live-lease clause is false, so the condition
+        // keeps its value), `lease_expires_at`, and `state` last.
+        let cond = format!(
+            "(state <> 'done' AND workflow = VALUES(workflow) AND NOT (state = 'running' \
+             AND COALESCE(lease_expires_at, 0) > {now} AND NOT (lease_owner <=> ?)))",
+            now = now_ms!()
+        );
         let sql = format!(
             "INSERT INTO gnl_runs (run_key, run_id, workflow, preset, state, input, \
              scheduled_for, lease_owner, lease_expires_at, due_at, token, created_at, updated_at) \
              VALUES ({KEY}, ?, ?, ?, 'running', ?, ?, ?, {now} + ?, {now} + ?, 1, {now}, {now}) \
              ON DUPLICATE KEY UPDATE \
-             lease_owner = IF({cond}, VALUES(lease_owner), lease_owner), \
-             lease_expires_at = IF({cond}, VALUES(lease_expires_at), lease_expires_at), \
              due_at = IF({cond}, VALUES(due_at), due_at), \
              error = IF({cond}, NULL, error), \
              token = IF({cond}, token + 1, token), \
              updated_at = IF({cond}, VALUES(updated_at), updated_at), \
+             lease_owner = IF({cond}, VALUES(lease_owner), lease_owner), \
+             lease_expires_at = IF({cond}, VALUES(lease_expires_at), lease_expires_at), \
              state = IF({cond}, 'running', state)",
             now = now_ms!()
         );
         self.affected(&sql, |q| {
-            q.bind(s.run_id.as_bytes())
+            let mut q = q
+                .bind(s.run_id.as_bytes())
                 .bind(s.run_id.as_bytes())
                 .bind(s.workflow.as_bytes())
                 .bind(s.preset.as_deref())
@@ -280,7 +291,11 @@ impl JournalStore for MysqlStore {
                 .bind(s.scheduled_for)
                 .bind(s.owner.as_bytes())
                 .bind(s.lease_ms)
-                .bind(s.lease_ms)
+                .bind(s.lease_ms);
+            for _ in 0..7 {
+                q = q.bind(s.owner.as_bytes()); // each `{cond}`'s owner
+            }
+            q
         })
         .await?;
         let (run, now) = match self.run_of(&s.run_id, 0).await? {
@@ -361,6 +376,19 @@ impl JournalStore for MysqlStore {
                     .bind(run_id.as_bytes())
                     .bind(run_id.as_bytes())
             })
+            .await?
+            == 1)
+    }
+
+    async fn run_wake(&self, run_id: &str) -> Result<bool> {
+        // `state` last: the condition reads it.
+        let sql = format!(
+            "UPDATE gnl_runs SET wake_at = {n}, due_at = {n}, error = NULL, updated_at = {n}, \
+             state = 'suspended' WHERE {RUN_WHERE} AND state = 'failed'",
+            n = now_ms!()
+        );
+        Ok(self
+            .affected(&sql, |q| q.bind(run_id.as_bytes()).bind(run_id.as_bytes()))
             .await?
             == 1)
     }

@@ -234,6 +234,9 @@ impl JournalStore for PostgresStore {
              due_at = excluded.due_at, error = NULL, token = gnl_runs.token + 1, \
              updated_at = excluded.updated_at \
              WHERE gnl_runs.state <> 'done' AND gnl_runs.workflow = excluded.workflow \
+             AND NOT (gnl_runs.state = 'running' \
+             AND coalesce(gnl_runs.lease_expires_at, 0) > excluded.updated_at \
+             AND gnl_runs.lease_owner IS DISTINCT FROM excluded.lease_owner) \
              RETURNING {RUN_COLS}) SELECT up.*, now_t.t FROM up, now_t"
         ));
         let row = sqlx::query(&sql)
@@ -310,6 +313,15 @@ impl JournalStore for PostgresStore {
             .affected(&sql, |q| q.bind(run_id).bind(error.as_ref()))
             .await?
             == 1)
+    }
+
+    async fn run_wake(&self, run_id: &str) -> Result<bool> {
+        let sql = format!(
+            "UPDATE gnl_runs SET state = 'suspended', wake_at = {n}, due_at = {n}, error = NULL, \
+             updated_at = {n} WHERE run_id = $1 AND state = 'failed'",
+            n = now_ms!()
+        );
+        Ok(self.affected(&sql, |q| q.bind(run_id)).await? == 1)
     }
 
     async fn run_get(&self, run_id: &str) -> Result<Option<(RunRow, Vec<StepRow>)>> {

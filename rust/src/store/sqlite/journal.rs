@@ -30,6 +30,8 @@ pub(super) static RUN_UPSERT: LazyLock<String> = LazyLock::new(|| {
          due_at = excluded.due_at, error = NULL, token = gnl_runs.token + 1, \
          updated_at = excluded.updated_at \
          WHERE gnl_runs.state <> 'done' AND gnl_runs.workflow = excluded.workflow \
+         AND NOT (gnl_runs.state = 'running' AND coalesce(gnl_runs.lease_expires_at, 0) > ?8 \
+         AND gnl_runs.lease_owner IS NOT excluded.lease_owner) \
          RETURNING {RUN_COLS}"
     )
 });
@@ -331,6 +333,20 @@ impl JournalStore for SqliteStore {
                 "UPDATE gnl_runs SET state = 'failed', error = ?2, due_at = NULL, \
                  lease_owner = NULL, lease_expires_at = NULL, updated_at = ?3 \
                  WHERE run_id = ?1 AND state <> 'done'",
+                a,
+            )
+            .await?
+            == 1)
+    }
+
+    async fn run_wake(&self, run_id: &str) -> Result<bool> {
+        let mut a = args();
+        add(&mut a, run_id)?;
+        add(&mut a, self.clock_ms())?;
+        Ok(self
+            .write_one(
+                "UPDATE gnl_runs SET state = 'suspended', wake_at = ?2, due_at = ?2, \
+                 error = NULL, updated_at = ?2 WHERE run_id = ?1 AND state = 'failed'",
                 a,
             )
             .await?

@@ -230,6 +230,41 @@ async fn runs_lifecycle(c: Calls) {
     assert!(run.error.unwrap().starts_with("boom"));
     let st = c.run_start(&start("r2", "wf", None)).await.unwrap();
     assert_eq!((st.run.state.as_str(), st.run.error), ("running", None));
+    // Another owner is refused while the run's lease is live, and nothing changes; its own
+    // owner (the waker's claim) takes it; once the lease lapsed anyone does.
+    let other = |run_id: &str, lease_ms: Option<i64>| RunStart {
+        owner: "other".into(),
+        ..start(run_id, "wf", lease_ms)
+    };
+    let live = c
+        .run_start(&start("live", "wf", Some(60_000)))
+        .await
+        .unwrap()
+        .run;
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    match c.run_start(&other("live", Some(90_000))).await {
+        Err(Error::RunBusy(m)) => assert!(m.contains("\"live\"") && m.contains("me"), "{m}"),
+        got => panic!("{got:?}"),
+    }
+    let (run, _) = c.s.run_get("live").await.unwrap().unwrap();
+    assert_eq!(run, live, "a refused start changes nothing");
+    let st = c
+        .run_start(&start("live", "wf", Some(60_000)))
+        .await
+        .unwrap();
+    assert_eq!(
+        (st.run.lease_owner.as_deref(), st.run.token),
+        (Some("me"), 2)
+    );
+    c.run_start(&start("lapsed", "wf", Some(-1))).await.unwrap();
+    let st = c.run_start(&other("lapsed", Some(60_000))).await.unwrap();
+    assert_eq!(
+        (st.run.lease_owner.as_deref(), st.run.token),
+        (Some("other"), 2)
+    );
+    // A job's run has no lease of its own (the job's covers it): never refused here.
+    let st = c.run_start(&other("r2", None)).await.unwrap();
+    assert_eq!(st.run.lease_owner.as_deref(), Some("other"));
 }
 
 pub async fn suspended_and_abandoned_runs_are_due_to_the_waker(s: Arc<dyn Store>) {
@@ -286,6 +321,20 @@ pub async fn suspended_and_abandoned_runs_are_due_to_the_waker(s: Arc<dyn Store>
     assert_eq!(
         due.iter().map(|r| r.run_id.as_str()).collect::<Vec<_>>(),
         vec!["dead"]
+    );
+    // A failed run handed to the waker (`resume_run`) is due at once, its error cleared; a
+    // run that is not failed is left alone.
+    assert!(!s.run_wake("dead").await.unwrap());
+    assert!(!s.run_wake("done").await.unwrap());
+    assert!(!s.run_wake("nope").await.unwrap());
+    assert!(s.run_wake("failed").await.unwrap());
+    assert!(!s.run_wake("failed").await.unwrap());
+    let (run, _) = s.run_get("failed").await.unwrap().unwrap();
+    assert_eq!((run.state.as_str(), run.error), ("suspended", None));
+    let due = s.runs_due(&wf, "w2", 60_000, 10).await.unwrap();
+    assert_eq!(
+        due.iter().map(|r| r.run_id.as_str()).collect::<Vec<_>>(),
+        vec!["failed"]
     );
     // In bounded batches, oldest due first.
     for i in 0..5 {
