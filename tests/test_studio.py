@@ -290,6 +290,20 @@ def _some_id(url: str, org: str) -> str:
 # -- actions: audit, bulk ------------------------------------------------------------------------
 
 
+def test_a_listing_refuses_an_unknown_state_or_a_garbled_cursor(studio: Studio) -> None:
+    c = Client(studio.port, token=ADMIN)
+    for path, said in (
+        ("/jobs?state=bogus", "state must be one of"),
+        ("/jobs?cursor=garbage", "cursor is not a cursor"),
+        ("/runs?state=bogus", "state must be one of"),
+        ("/runs?cursor=garbage", "cursor must be"),
+    ):
+        page = c.get(path)
+        assert page.status == 400, path
+        assert said in page.text, path
+    assert c.get("/jobs?state=dead").status == 200
+
+
 def test_a_bulk_action_shows_its_count_acts_on_that_scope_and_is_audited(
     sqlite_url: str, studio: Studio
 ) -> None:

@@ -317,6 +317,7 @@ class Studio:
         return self.render(
             request,
             "jobs.html",
+            400 if error else 200,  # a state or cursor the listing refused: said on the page
             page=page,
             org=org or "",
             state=state or "",

@@ -91,9 +91,11 @@ class Pages:
         }
 
     async def runs(self, request: Request) -> Response:
-        return self.studio.render(request, "runs.html", **await self._runs_page(request))
+        ctx = await self._runs_page(request)
+        return self.studio.render(request, "runs.html", 400 if ctx["error"] else 200, **ctx)
 
     async def runs_table(self, request: Request) -> Response:
+        # 200 even with an error: htmx swaps in 2xx answers only, and the fragment says it.
         return self.studio.render(request, "_runs_table.html", **await self._runs_page(request))
 
     async def run(self, request: Request) -> Response:
