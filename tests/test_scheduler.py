@@ -301,6 +301,24 @@ async def test_a_fire_retry_of_a_run_the_waker_resumes_is_deferred_not_run_twice
     assert (t.fire_count, t.attempts, t.deferrals) == (1, 0, 1)
 
 
+async def test_a_fire_stopped_by_shutdown_is_a_deferral_not_an_attempt(
+    storage: gnl.Storage,
+) -> None:
+    # gnl run's shutdown aborts a fire's run (why="shutdown"; the run is suspended for the
+    # waker): the slot is retried by the next poller, and deploys do not use up attempts.
+    await gnl.schedule_workflow(storage, "wf", every_ms=MIN, max_attempts=1, now_ms=T0)
+    stopped = Recorder(raises=gnl.ExecutionRevokedError("shutdown"))
+    res = await gnl.poll_scheduler(storage, stopped, retry_ms=5_000, now_ms=T0 + MIN)
+    assert (res.fired, res.failed, res.skipped, res.deferred) == (0, 0, 1, 1)
+    t = await trigger(storage, "wf")
+    assert (t.state, t.attempts, t.deferrals, t.next_run_at) == ("pending", 0, 1, T0 + MIN + 5_000)
+    # Another abort is a failed attempt (max_attempts=1: the trigger fails).
+    canceled = Recorder(raises=gnl.ExecutionRevokedError("canceled"))
+    res = await gnl.poll_scheduler(storage, canceled, now_ms=T0 + MIN + 5_000)
+    assert (res.fired, res.failed) == (1, 1)
+    assert (await trigger(storage, "wf")).state == "failed"
+
+
 async def test_failures_back_off_then_the_trigger_fails(storage: gnl.Storage) -> None:
     await gnl.schedule_workflow(storage, "wf", every_ms=MIN, max_attempts=3, now_ms=T0)
     bad = Recorder(raises=RuntimeError("boom"))

@@ -28,6 +28,7 @@ from . import _native, _wake
 from ._time import MAX_DURATION_MS, age_ms, check_int, to_ms
 from .durable import _owner
 from .errors import (
+    ExecutionRevokedError,
     GnlError,
     InvalidArgumentError,
     RunBusyError,
@@ -101,7 +102,8 @@ class TriggerInfo:
         last_fired_at: When the last fire finished (epoch ms UTC, the poll's instant), or None.
         last_scheduled_for: The slot of the last finished fire (epoch ms UTC), or None.
         missed: Occurrences missed and never fired.
-        deferrals: Fires deferred because the run was busy (``RunBusyError`` at acquisition).
+        deferrals: Fires deferred because the run was busy (``RunBusyError`` at acquisition)
+            or stopped by shutdown (``ExecutionRevokedError`` with ``why="shutdown"``).
         last_deferral_at: When the last deferral happened (epoch ms UTC), or None.
     """
 
@@ -132,7 +134,7 @@ class PollResult:
         failed: Of those, runs whose runner raised (a busy refusal excepted).
         skipped: Due triggers this poll did not run: a busy deferral, or a fire lock held by
             another poller.
-        deferred: The busy deferrals among ``skipped``.
+        deferred: The deferrals (busy, or stopped by shutdown) among ``skipped``.
         run_ids: The run ids this poll started.
     """
 
@@ -613,7 +615,11 @@ class _Poller:
                     r.name, run_id=run_id, input=input, scheduled_for=slot, signal=signal
                 )
             except Exception as e:
-                if not (isinstance(e, RunBusyError) and e.at_lock_acquisition):
+                # Busy elsewhere, or stopped by this process's shutdown (the run is suspended
+                # for the waker, the slot is retried by the next poller): no attempt spent.
+                busy = isinstance(e, RunBusyError) and e.at_lock_acquisition
+                stopped = isinstance(e, ExecutionRevokedError) and e.why == "shutdown"
+                if not (busy or stopped):
                     st = self._failed(r, now, slot, base, e)
                     result.fired += 1
                     result.failed += 1
@@ -816,7 +822,7 @@ def create_scheduler(
             once and resets it too.
         concurrency: At most this many fires at once.
         lock_ttl_ms: The fire lock's TTL (ms).
-        retry_ms: The busy deferral (ms).
+        retry_ms: The deferral of a busy or shutdown-stopped fire (ms).
         max_poll_ms: The longest interval of the empty-poll backoff (ms >= ``poll_ms``).
 
     Returns:
