@@ -330,9 +330,13 @@ def run_poison(url: str, tmp: Path, max_attempts: int) -> tuple[list[gnl.DeadEve
 
 
 def test_a_handler_that_kills_its_process_uses_up_its_attempts(
-    store_url: Callable[[], str], tmp_path: Path
+    store_url: Callable[[], str], tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     (d,), calls = run_poison(store_url(), tmp_path, 2)
+    # The process that quarantines it says so (logger "gnl", on its stderr).
+    assert "event 'e-5' is quarantined (gnl events dead): attempt 2 never returned" in (
+        capfd.readouterr().err
+    )
     # The first death, in a batch, is not charged; then max_attempts charged deliveries.
     assert calls == ["1", "1", "2"], "max_attempts charged deliveries, no more"
     # Three deliveries charged: two ran the handler, the third quarantined it unrun.

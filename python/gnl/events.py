@@ -621,12 +621,18 @@ class Consumer:
             # every time. Quarantined without a handler call.
             done[0] += 1
             done[2] += 1
-            return (
-                seq,
+            why = (
                 f"attempt {attempt - 1} never returned: its process ended or lost the lease "
-                "before the handler finished",
-                None,
+                "before the handler finished"
             )
+            log.warning(
+                "gnl consumer %s/%s: event %r is quarantined (gnl events dead): %s",
+                self.topic,
+                self.name,
+                id,
+                why,
+            )
+            return (seq, why, None)
         signal = RevocationSignal()
         self._signal = signal
         meta = _meta(id, self.topic, self.name, org or None, emitted_at, attempt, signal)
