@@ -218,6 +218,8 @@ async def test_an_empty_cancel_reason_is_refused(storage: gnl.Storage) -> None:
     job_id = await gnl.enqueue(storage.work, "t", None)
     with pytest.raises(gnl.InvalidArgumentError, match="reason must be a non-empty string"):
         await gnl.cancel_job(storage.work, job_id, None, "")
+    with pytest.raises(gnl.InvalidArgumentError, match="10001 characters long; at most 10000"):
+        await gnl.cancel_job(storage.work, job_id, None, "x" * 10_001)
     job = await gnl.get_job(storage.work, job_id)
     assert job is not None and job.state == "pending"
     assert await gnl.cancel_job(storage.work, job_id)

@@ -338,10 +338,12 @@ async def cancel_job(
         job_id: The job's id.
         org_id: Its organization (None: no organization).
         reason: Recorded as ``last_error``, ``canceled: <reason>``; None records
-            ``canceled: cancel_job was called``. An empty reason is refused.
+            ``canceled: cancel_job was called``. An empty reason, or one longer than 10,000
+            characters, is refused.
 
     Raises:
-        InvalidArgumentError: ``job_id`` or ``reason`` is empty.
+        InvalidArgumentError: ``job_id`` or ``reason`` is empty, or ``reason`` is longer
+            than 10,000 characters.
         TypeError: ``job_id`` is not a str, ``org_id`` or ``reason`` not a str or None.
 
     Returns:

@@ -149,6 +149,9 @@ async fn caught<F: Future>(fut: F) -> Option<F::Output> {
     .await
 }
 
+/// The longest `cancel_job` reason, in characters (it is kept as the job's `last_error`).
+const MAX_CANCEL_REASON: usize = 10_000;
+
 /// A job as stored, for `gnl.JobInfo` (JSON fields still as text).
 #[pyclass(frozen, module = "gnl._native")]
 pub struct RawJob {
@@ -442,6 +445,13 @@ impl NativeStore {
             return Err(to_py(crate::error::Error::invalid(
                 "reason must be a non-empty string (None records 'cancel_job was called')",
             )));
+        }
+        if let Some(n) = reason.as_deref().map(|r| r.chars().count()) {
+            if n > MAX_CANCEL_REASON {
+                return Err(to_py(crate::error::Error::invalid(format!(
+                    "reason is {n} characters long; at most {MAX_CANCEL_REASON} are allowed"
+                ))));
+            }
         }
         let s = self.inner.clone();
         spawn(py, async move {
