@@ -424,6 +424,48 @@ async def test_the_waker_loop_resumes_runs_and_two_wakers_resume_each_once(
         await other.close()
 
 
+async def test_the_waker_loop_resumes_a_run_while_another_one_is_in_a_long_step(
+    storage: gnl.Storage,
+) -> None:
+    # Each resumed run is a task of its own: a run in an hour-long step holds up no other
+    # wake-up (the loop awaited its runs, so the second waited for the first to end).
+    gate = asyncio.Event()
+    done: list[str] = []
+
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        await ctx.sleep(input["sleep_ms"])
+        if input["long"]:
+            await gate.wait()
+        done.append(ctx.run_id)
+        return ctx.run_id
+
+    g = gnl.create_gnl(storage, {"wf": wf})
+    got = await g.run_workflow("wf", run_id="long", input={"sleep_ms": 100, "long": True})
+    assert isinstance(got, gnl.RunSuspended)
+    waker = gnl.create_workflow_waker(g, interval_ms=20, batch=2)
+    waker.start()
+    try:
+        for _ in range(200):
+            run = await gnl.get_run(storage, "long")
+            if run is not None and run.state == "running":
+                break
+            await asyncio.sleep(0.02)
+        assert run is not None and run.state == "running"  # resumed, in its long step
+        await g.run_workflow("wf", run_id="quick", input={"sleep_ms": 50, "long": False})
+        for _ in range(200):
+            if done:
+                break
+            await asyncio.sleep(0.02)
+        assert done == ["quick"], "the quick run waited for the long one"
+        gate.set()
+    finally:
+        gate.set()
+        await waker.stop()  # waits for the runs it resumes
+    assert done == ["quick", "long"]
+    run = await gnl.get_run(storage, "long")
+    assert run is not None and run.state == "done"
+
+
 async def test_a_run_whose_process_died_is_resumed_by_the_waker(storage: gnl.Storage) -> None:
     calls, effect = tally()
 
@@ -520,6 +562,23 @@ async def test_at_most_once_never_calls_fn_after_an_unfinished_intent(
     assert await gnl.resolve_step(storage, "r2", "pay", retry=True)
     assert await g.run_workflow("wf", run_id="r2") == [{"receipt": 1}, "mail"]
     assert calls == {"pay": 2, "mail": 3}
+
+
+async def test_an_intent_is_not_resolved_while_its_run_is_live(storage: gnl.Storage) -> None:
+    # The execution that recorded the intent may still record the step's own result: an
+    # operator's value would be taken over it.
+    native = storage._native
+    await _native.run_start(native, "live", "wf", None, None, None, "alive", 60_000)
+    await _native.step_intent(native, "live", "pay", 0, 0, 1)
+    with pytest.raises(gnl.RunBusyError, match="resolve its step once that execution has ended"):
+        await gnl.resolve_step(storage, "live", "pay", value="fake")
+    run = await gnl.get_run(storage, "live")
+    assert run is not None and [s.state for s in run.steps] == ["intent"]
+    # Once its lease lapsed (the process died), the operator resolves it.
+    await _native.run_start(native, "dead", "wf", None, None, None, "gone", 3)
+    await _native.step_intent(native, "dead", "pay", 0, 0, 1)
+    await asyncio.sleep(0.05)
+    assert await gnl.resolve_step(storage, "dead", "pay", value="paid") is True
 
 
 async def test_an_at_most_once_step_that_raises_records_nothing(storage: gnl.Storage) -> None:

@@ -979,6 +979,8 @@ async def resolve_step(
     Raises:
         InvalidArgumentError: neither or both of ``value`` and ``retry``.
         TypeError: ``value`` is not JSON.
+        RunBusyError: the run is running under a live lease (its execution may still record
+            the step's result); nothing changed.
     """
     if not isinstance(retry, bool):
         raise TypeError(f"retry must be a bool, not {type(retry).__name__}")
@@ -986,6 +988,18 @@ async def resolve_step(
         raise InvalidArgumentError("give exactly one of value=... and retry=True")
     check_int(n, "n", 0)
     native = native_of(_journal_of(storage), "journal")
+    got = await _native.run_get(native, run_id) if isinstance(run_id, str) and run_id else None
+    if got is not None:
+        run = got[0]
+        lease = run.lease_expires_at
+        if run.state == "running" and lease is not None and lease > await native.now_ms():
+            # Its execution may still record the step's own result: an operator's value
+            # would be taken over it.
+            raise RunBusyError(
+                f"run {run_id!r} is running (by {run.lease_owner}, whose lease is live): "
+                "resolve its step once that execution has ended; nothing changed",
+                at_lock_acquisition=True,
+            )
     return await _native.step_resolve(native, run_id, step, n, None if retry else value, retry)
 
 
@@ -994,9 +1008,11 @@ class WorkflowWaker:
     sleep has elapsed and running runs whose lease expired (their process died).
 
     Each wake-up is claimed with a compare-and-set that gives the run a fresh lease, so of
-    several wakers (in several processes) exactly one resumes it. A tick claims at most
-    ``batch`` runs (oldest due first) and runs them concurrently; the loop ticks every
-    ``interval_ms`` and, while the store is away, backs off (doubling, up to 32 intervals).
+    several wakers (in several processes) exactly one resumes it. The loop (:meth:`start`)
+    claims every ``interval_ms`` and resumes each claimed run in a task of its own, at most
+    ``batch`` at once, so a run with a long step holds up no other wake-up; while the store is
+    away it backs off (doubling, up to 32 intervals). :meth:`tick` claims at most ``batch``
+    runs (oldest due first) and awaits them.
     """
 
     def __init__(self, gnl: Gnl, interval_ms: int, batch: int) -> None:
@@ -1006,6 +1022,16 @@ class WorkflowWaker:
         self.batch = batch
         self._task: asyncio.Task[None] | None = None
         self._stopping: asyncio.Event | None = None
+        #: The loop's resumed runs in flight.
+        self._resuming: set[asyncio.Task[None]] = set()
+
+    async def _claim(self, limit: int) -> list[tuple[_native.RawRun, str]]:
+        """Claim at most ``limit`` due runs, each with the owner its execution takes over."""
+        g = self._gnl
+        owner = _owner()  # each claim its own owner (a claim lapsed and taken again by this
+        # waker is another execution)
+        due = await _native.runs_due(self._native, sorted(g._workflows), owner, g.lease_ms, limit)
+        return [(r, owner) for r in due]
 
     async def tick(self) -> int:
         """Claim the due runs (at most ``batch``) and resume them; return how many.
@@ -1016,14 +1042,9 @@ class WorkflowWaker:
         Raises:
             StoreUnavailableError: the store could not be reached for the claim.
         """
-        g = self._gnl
-        owner = _owner()  # each tick's claims their own owner (a claim lapsed and taken again
-        # by this waker is another execution)
-        due = await _native.runs_due(
-            self._native, sorted(g._workflows), owner, g.lease_ms, self.batch
-        )
+        due = await self._claim(self.batch)
         if due:
-            await asyncio.gather(*(self._resume(r, owner) for r in due))
+            await asyncio.gather(*(self._resume(r, owner) for r, owner in due))
         return len(due)
 
     async def _resume(self, run: _native.RawRun, owner: str) -> None:
@@ -1046,26 +1067,42 @@ class WorkflowWaker:
 
     async def _loop(self, stopping: asyncio.Event) -> None:
         pause = self.interval_ms
+        loop = asyncio.get_running_loop()
         while not stopping.is_set():
+            room = self.batch - len(self._resuming)
             try:
-                n = await self.tick()
-                pause = 0 if n >= self.batch else self.interval_ms
+                due = await self._claim(room) if room > 0 else []
+                for run, owner in due:
+                    task = loop.create_task(self._resume(run, owner))
+                    self._resuming.add(task)
+                    task.add_done_callback(self._resuming.discard)
+                # A full claim: more may be due, claimed again once there is room.
+                pause = 0 if room > 0 and len(due) >= room else self.interval_ms
             except StoreUnavailableError as e:
                 pause = min(max(pause, self.interval_ms) * 2, self.interval_ms * 32)
                 log.warning("gnl waker: store unavailable (%s); next try in %d ms", e, pause)
             except Exception as e:
                 pause = self.interval_ms
                 log.exception("gnl waker: tick failed: %s", e)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stopping.wait(), pause / 1000)
+            # Until the pause ends, a stop, or (no room left) a resumed run ends.
+            stop = loop.create_task(stopping.wait())
+            full = len(self._resuming) >= self.batch
+            await asyncio.wait(
+                [stop, *(self._resuming if full else ())],
+                timeout=self.interval_ms / 1000 if full else pause / 1000,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            stop.cancel()
 
     async def stop(self) -> None:
-        """Stop ticking; waits for the runs this waker is resuming."""
+        """Stop claiming; waits for the runs this waker is resuming."""
         if self._stopping is not None:
             self._stopping.set()
         if self._task is not None:
             await self._task
             self._task = None
+        while self._resuming:
+            await asyncio.gather(*self._resuming, return_exceptions=True)
 
 
 def create_workflow_waker(gnl: Gnl, interval_ms: int = 5_000, *, batch: int = 100) -> WorkflowWaker:
