@@ -672,6 +672,24 @@ async def test_ctx_run_in_a_job_repeats_no_completed_step(storage: gnl.Storage) 
     assert slept is not None and "ctx.sleep" in slept.result
 
 
+async def test_a_jobs_failed_run_is_not_handed_to_the_waker(storage: gnl.Storage) -> None:
+    # No waker serves a job's run (its workflow is the handler's function): it resumes with
+    # the job's retry, and resume_run says so instead of leaving it suspended for nobody.
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        raise RuntimeError("down")
+
+    async def handler(payload: Any, ctx: gnl.JobContext) -> Any:
+        return await ctx.run(wf)
+
+    await gnl.enqueue(storage, "t", None, id="j:1", org_id="acme:eu")
+    await gnl.create_worker(storage, {"t": handler}, max_attempts=1).drain()
+    (run,) = await gnl.list_runs(storage, state="failed")
+    with pytest.raises(gnl.InvalidArgumentError, match="resumes when the job is retried"):
+        await gnl.resume_run(storage, run.run_id)
+    got = await gnl.get_run(storage, run.run_id)
+    assert got is not None and got.state == "failed"
+
+
 def test_gnl_runs_list_show_resolve(store_url: Any) -> None:
     import json
     import subprocess

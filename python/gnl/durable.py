@@ -940,11 +940,22 @@ async def resume_run(storage: Storage | Journal, run_id: str) -> bool:
 
     Raises:
         TypeError: ``run_id`` is not a str.
-        InvalidArgumentError: ``run_id`` is empty or longer than 4,000 characters.
+        InvalidArgumentError: ``run_id`` is empty or longer than 4,000 characters, or it is
+            a job's run (``ctx.run``; nothing changed).
     """
     if not isinstance(run_id, str):
         raise TypeError(f"run_id must be a str, not {type(run_id).__name__}")
     native = native_of(_journal_of(storage), "journal")
+    parts = run_id.split(":")
+    if len(parts) == 3 and parts[0] == "job":  # a job's run id (ids.rs: job:<org>:<id>)
+        org, job_id = (p.replace("%3A", ":").replace("%25", "%") for p in parts[1:])
+        if job_id and await native.get_job(org or None, job_id) is not None:
+            # No waker serves a job's run (its workflow is the handler's own function).
+            raise InvalidArgumentError(
+                f"run {run_id!r} is the run of job {job_id!r}"
+                + (f" (organization {org!r})" if org else "")
+                + ": it resumes when the job is retried (gnl.retry_job, gnl jobs retry)"
+            )
     return await _native.run_wake(native, run_id)
 
 
