@@ -332,6 +332,38 @@ async def test_a_run_stopped_by_shutdown_is_left_to_the_waker(storage: gnl.Stora
     assert calls == {"a": 1, "b": 1}
 
 
+async def test_a_run_cancelled_after_a_shutdown_abort_is_left_to_the_waker(
+    storage: gnl.Storage,
+) -> None:
+    # A step that ignores the shutdown abort is cancelled past gnl run's second grace: the run
+    # is suspended, due at once, not left under the exiting process's lease.
+    calls, effect = tally()
+    inside = asyncio.Event()
+    signal = gnl.RevocationSignal()
+
+    async def stubborn() -> str:
+        inside.set()
+        await asyncio.Event().wait()  # ignores the signal
+        return "never"
+
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        if ctx.signal is signal:
+            await ctx.step("slow", stubborn)
+        return [await ctx.step("slow", effect, "slow"), await ctx.step("b", effect, "b")]
+
+    g = gnl.create_gnl(storage, {"wf": wf})
+    task = asyncio.create_task(g.run_workflow("wf", run_id="r", signal=signal))
+    await inside.wait()
+    signal.abort("shutdown", "shutdown: the process is stopping")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    run = await gnl.get_run(storage, "r")
+    assert run is not None and run.state == "suspended" and run.lease_owner is None
+    assert await gnl.create_workflow_waker(g).tick() == 1
+    assert calls == {"slow": 1, "b": 1}
+
+
 async def test_a_failed_run_resumes_when_handed_to_the_waker(storage: gnl.Storage) -> None:
     calls, effect = tally()
     broken = True

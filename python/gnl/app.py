@@ -789,12 +789,19 @@ async def _shutdown(
         more, pending = await asyncio.wait(pending, timeout=max(grace_ms, 1_000) / 1000)
         done |= more
     for t in pending:
-        log.error(
-            "gnl run: %s did not stop (a handler ignores its aborted signal): its handlers "
-            "are cancelled and those attempts fail (retried as their jobs allow; a job whose "
-            "outcome cannot be written is reclaimed once its lease lapses)",
-            tasks[t],
-        )
+        if tasks[t].startswith("waker"):
+            log.error(
+                "gnl run: %s did not stop (a resumed run ignores its aborted signal): its "
+                "runs are cancelled and suspended, due at once to the next process's waker",
+                tasks[t],
+            )
+        else:
+            log.error(
+                "gnl run: %s did not stop (a handler ignores its aborted signal): its "
+                "handlers are cancelled and those attempts fail (retried as their jobs allow; "
+                "a job whose outcome cannot be written is reclaimed once its lease lapses)",
+                tasks[t],
+            )
         t.cancel()
         code = 1
     for t in done:

@@ -631,6 +631,14 @@ async def execute(
                 kept = await _native.run_finish(native, run_id, value)
         except _Suspend as s:
             return RunSuspended(s.wake_at)
+        except asyncio.CancelledError:
+            # Cancelled after a shutdown abort (a step that ignored it past gnl run's second
+            # grace): suspended for the next process's waker too, not left to its lease.
+            r = signal.reason
+            if not job and r is not None and r.why == "shutdown":
+                with contextlib.suppress(Exception):
+                    await _native.run_suspend(native, run_id, await native.now_ms())
+            raise
         except Exception as e:
             why = e.why if isinstance(e, ExecutionRevokedError) and signal.aborted else None
             with contextlib.suppress(Exception):
