@@ -486,6 +486,41 @@ async def test_serve_in_process(store_url: Callable[[], str]) -> None:
         assert [t.id for t in await gnl.list_triggers(st)] == ["nightly"]
 
 
+async def test_a_failed_schedule_is_said_at_every_start(
+    store_url: Callable[[], str], caplog: pytest.LogCaptureFixture
+) -> None:
+    # A trigger that used up its attempts fires no more: each start says so and how to re-arm.
+    url = store_url()
+    app = gnl.App(url=url, scheduler_poll_ms=20)
+
+    @app.workflow()
+    async def flaky(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        raise RuntimeError("the service is down")
+
+    app.schedule("flaky", at=0, max_attempts=1)
+    stop = asyncio.Event()
+    task = asyncio.create_task(app.serve(stop=stop, only=["scheduler"]))
+    async with await gnl.connect(url) as st:
+        for _ in range(200):
+            states = [t.state for t in await gnl.list_triggers(st)]
+            if states == ["failed"]:
+                break
+            await asyncio.sleep(0.05)
+        assert states == ["failed"]
+    stop.set()
+    assert await task == 0
+    assert "failed after 1 attempts and fires no more" in caplog.text
+    caplog.clear()
+    stop2 = asyncio.Event()
+    stop2.set()
+    with caplog.at_level("WARNING", logger="gnl"):
+        assert await app.serve(stop=stop2, only=["scheduler"]) == 0
+    assert "schedule 'flaky' failed after 1 attempts (RuntimeError: the service is down)" in (
+        caplog.text
+    )
+    assert "gnl triggers unschedule flaky" in caplog.text
+
+
 @pytest.mark.parametrize("backend", [b for b in RUN_BACKENDS if b == "postgres"])
 def test_store_outage_mid_run_is_retried_and_nothing_is_lost(
     store_url: Callable[[], str], tmp_path: Path, procs: list[Proc]

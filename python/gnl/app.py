@@ -39,7 +39,7 @@ from .errors import (
     UnsupportedStoreError,
 )
 from .events import Consumer, EventMeta, create_consumer
-from .scheduler import Scheduler, create_scheduler, schedule_workflow
+from .scheduler import Scheduler, create_scheduler, list_triggers, schedule_workflow
 from .signal import RevocationSignal
 from .storage import Storage, connect
 from .worker import Handler, JobContext, RetryDelay, Worker, create_worker
@@ -535,6 +535,18 @@ class App:
                     if await _wait(stop, backoff):
                         return False
                     backoff = min(backoff * 2, _CONNECT_BACKOFF_MAX_MS)
+        if self._schedules:
+            # A schedule whose trigger failed fires no more: said at every start.
+            for t in await list_triggers(storage):
+                if t.id in self._schedules and t.state == "failed":
+                    log.warning(
+                        "gnl run: schedule %r failed after %d attempts (%s) and fires no more: "
+                        "run `gnl triggers unschedule %s` and start again to register it anew",
+                        t.id,
+                        t.attempts,
+                        t.last_error,
+                        t.id,
+                    )
         return True
 
     def _start(

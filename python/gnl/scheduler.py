@@ -681,7 +681,11 @@ class _Poller:
         error = f"{type(e).__name__}: {e}"
         if attempts >= r.max_attempts:
             log.warning(
-                "gnl scheduler: trigger %r failed after %d attempts: %s", r.id, attempts, error
+                "gnl scheduler: trigger %r failed after %d attempts and fires no more (gnl "
+                "triggers unschedule, then register it again): %s",
+                r.id,
+                attempts,
+                error,
             )
             return _state(
                 r,
