@@ -8,6 +8,7 @@ Across processes (kill -9, two executors, two wakers): test_durable_mp.py.
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime, timezone
 from typing import Any
 
 import pytest
@@ -577,6 +578,8 @@ async def test_at_most_once_never_calls_fn_after_an_unfinished_intent(
         e = unknown.value
         assert (e.run_id, e.step, e.n) == ("r", "pay", 0)
         assert e.started_at > 0
+        when = datetime.fromtimestamp(e.started_at / 1000, timezone.utc)
+        assert f"was started at {when.isoformat(timespec='milliseconds')} by" in str(e)
         assert isinstance(e, gnl.GnlError)
     assert calls == {"pay": 1, "mail": 1}
     run = await gnl.get_run(storage, "r")

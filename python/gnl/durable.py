@@ -38,7 +38,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from . import _native
@@ -300,10 +300,12 @@ class _Steps:
         return pos, n, rec
 
     def _unknown(self, name: str, n: int, started_at: int) -> StepOutcomeUnknownError:
+        at = datetime.fromtimestamp(started_at / 1000, timezone.utc)
+        at_iso = at.isoformat(timespec="milliseconds")
         return StepOutcomeUnknownError(
             f"step {name!r} (call {n}) of run {self.run_id!r} is at-most-once and was started at "
-            f"{started_at} (epoch ms) by an execution that recorded no result: it is not called "
-            "again; resolve it with gnl.resolve_step or `gnl runs resolve`",
+            f"{at_iso} by an execution that recorded no result: it is not called again; resolve "
+            "it with gnl.resolve_step or `gnl runs resolve`",
             run_id=self.run_id,
             step=name,
             n=n,
