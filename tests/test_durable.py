@@ -149,6 +149,30 @@ async def test_a_second_executor_of_a_live_run_is_refused_and_runs_nothing(
         await other.close()
 
 
+async def test_an_execution_whose_run_was_taken_over_stops_before_its_next_step(
+    storage: gnl.Storage,
+) -> None:
+    # An execution that lost its lease (a stalled process whose run another execution took
+    # over) starts no further step: its renewal is refused (owner-fenced) and its signal aborts
+    # with lease-lost; nothing is written over the new holder's run.
+    calls, effect = tally()
+    wf, inside, go_on = gated(effect)
+    g = gnl.create_gnl(storage, {"wf": wf}, lease_ms=300)
+    run = asyncio.create_task(g.run_workflow("wf", run_id="r"))
+    await inside.wait()
+    native = storage._native
+    assert await _native.run_fail(native, "r", "taken over")
+    await _native.run_start(native, "r", "wf", None, None, None, "thief", 60_000)
+    await asyncio.sleep(0.4)  # a renewal (every 100 ms) answers that the lease is not ours
+    go_on.set()
+    with pytest.raises(gnl.ExecutionRevokedError) as revoked:
+        await run
+    assert revoked.value.why == "lease-lost"
+    assert calls == {"a": 1}, "step b was not started"
+    got = await gnl.get_run(storage, "r")
+    assert got is not None and (got.state, got.lease_owner) == ("running", "thief")
+
+
 async def test_a_run_the_waker_resumes_refuses_another_executor(storage: gnl.Storage) -> None:
     calls, effect = tally()
     wf, inside, go_on = gated(effect)

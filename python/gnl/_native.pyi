@@ -190,7 +190,7 @@ class RunKeeper:
         store: NativeStore,
         run_id: str,
         ttl_ms: int,
-        lease: bool,
+        lease_owner: str | None,
         lock_key: str | None,
         lock_token: int,
         on_lost: Callable[[str], None],

@@ -225,6 +225,7 @@ class _Steps:
         "counts",
         "fast",
         "k",
+        "keeper",
         "lean",
         "native",
         "now_ms",
@@ -257,6 +258,8 @@ class _Steps:
         self.counted = 0
         self.now_ms = 0
         self.sleeps = False
+        #: The execution's lease and lock keeper: a new step is not started once it lapsed.
+        self.keeper: _native.RunKeeper | None = None
         # SQLite records a new step at once on this thread (``step_put_now``), without the
         # async round trip that costs several times the insert.
         self.fast = native.backend == "sqlite"
@@ -279,6 +282,11 @@ class _Steps:
 
     def _next(self, name: str) -> tuple[int, int, _Got | None]:
         """This call's (position, n) and what the loaded journal holds at that position."""
+        keeper = self.keeper
+        if keeper is not None and not keeper.held():
+            # No renewal succeeded for the lease's time (a stalled process: the tokio task
+            # may not have said so yet): another execution may own the run now.
+            self.signal.abort("lease-lost", f"run {self.run_id!r} lost its lease")
         self.signal.raise_if_aborted()
         pos = self.pos
         if self.counted != pos:
@@ -600,10 +608,10 @@ async def execute(
                 native,
                 run_id,
                 lease_ms,
-                not job,
+                None if job else owner,
                 run_id if lock is not None else None,
                 lock or 0,
-                lambda why: signal.abort(why, f"run {run_id!r} lost its run lock"),
+                lambda why: signal.abort(why, f"run {run_id!r} lost its lease"),
                 loop,
                 age_ms(sent),
             )
@@ -620,6 +628,7 @@ async def execute(
             steps.sleeps = True
         else:
             steps.signal = signal
+        steps.keeper = keeper
         steps.load(recorded)
         steps.now_ms = now
         if not created:
@@ -657,6 +666,8 @@ async def execute(
             raise
         return value if kept is None else _loads(kept)
     finally:
+        if steps is not None:
+            steps.keeper = None  # a job's steps go on after its ctx.run
         if keeper is not None:
             if not keeper.stop_now():
                 await keeper.stop()

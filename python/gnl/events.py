@@ -543,7 +543,7 @@ class Consumer:
                 self._native,
                 "",
                 self.lease_ms,
-                False,
+                None,
                 self._key,
                 token,
                 self._lose,

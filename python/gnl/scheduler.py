@@ -586,7 +586,7 @@ class _Poller:
                 native,
                 run_id,
                 self.lock_ttl_ms,
-                False,
+                None,
                 key,
                 token,
                 lost,

@@ -618,8 +618,9 @@ fn lock_release<'py>(
     spawn(py, async move { s.lock_release(&key, token).await })
 }
 
-/// Renews a running run's lease (`lease_ms`, every third of it) and its run lock, in a tokio
-/// task, so a Python thread that blocks does not stop it. The lock counts as held until a
+/// Renews a running run's lease (`lease_ms`, every third of it; fenced by its owner,
+/// `lease_owner`) and its run lock, in a tokio task, so a Python thread that blocks does not
+/// stop it. The lease and the lock count as held until a
 /// deadline `ttl_ms - ttl_ms/6` after the last good renewal was *sent* (the acquisition's,
 /// `age_ms` before the keeper was made, for the first): the server's expiry is at least
 /// `ttl_ms` after that instant, so the keeper gives the lock up before another holder can
@@ -645,13 +646,13 @@ pub struct RunKeeper {
 #[pymethods]
 impl RunKeeper {
     #[new]
-    #[pyo3(signature = (store, run_id, ttl_ms, lease, lock_key, lock_token, on_lost, event_loop, age_ms=0))]
+    #[pyo3(signature = (store, run_id, ttl_ms, lease_owner, lock_key, lock_token, on_lost, event_loop, age_ms=0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         store: &NativeStore,
         run_id: String,
         ttl_ms: i64,
-        lease: bool,
+        lease_owner: Option<String>,
         lock_key: Option<String>,
         lock_token: i64,
         on_lost: Py<PyAny>,
@@ -672,9 +673,8 @@ impl RunKeeper {
         let sent = Instant::now()
             .checked_sub(Duration::from_millis(age_ms as u64))
             .unwrap_or_else(Instant::now);
-        let held_until = Arc::new(std::sync::Mutex::new(
-            lock_key.as_ref().map(|_| sent + keep),
-        ));
+        let kept = lock_key.is_some() || lease_owner.is_some();
+        let held_until = Arc::new(std::sync::Mutex::new(kept.then_some(sent + keep)));
         let lost = move || {
             with_python(|py| {
                 let _ = event_loop.call_method1(
@@ -691,22 +691,25 @@ impl RunKeeper {
         let rt = pyo3_async_runtimes::tokio::get_runtime();
         let task = rt.spawn(async move {
             let mut lock = lock_key.map(|k| (k, lock_token));
+            // The run's lease, while it is still this execution's.
+            let mut lease = lease_owner;
             let mut deadline = sent + keep;
-            let give_up = |lock: &mut Option<(String, i64)>| {
+            let give_up = |lock: &mut Option<(String, i64)>, lease: &mut Option<String>| {
                 *lock = None;
+                *lease = None;
                 *until.lock().unwrap() = None;
                 lost();
             };
-            if lock.is_some() && Instant::now() >= deadline {
-                give_up(&mut lock);
+            if (lock.is_some() || lease.is_some()) && Instant::now() >= deadline {
+                give_up(&mut lock, &mut lease);
             }
             loop {
-                let held = lock.is_some();
+                let held = lock.is_some() || lease.is_some();
                 tokio::select! {
                     _ = &mut rx => return lock,
                     _ = tokio::time::sleep(every) => {}
                     _ = tokio::time::sleep_until(deadline.into()), if held => {
-                        give_up(&mut lock);
+                        give_up(&mut lock, &mut lease);
                         continue;
                     }
                 }
@@ -715,10 +718,17 @@ impl RunKeeper {
                     return lock;
                 }
                 let at = Instant::now();
-                // (renewed without error, the lock refused as not ours)
+                // (renewed without error, the lease or the lock refused as not ours)
                 let renew = async {
-                    let mut ok = !(lease && s.run_renew(&run_id, ttl_ms).await.is_err());
+                    let mut ok = true;
                     let mut refused = false;
+                    if let Some(o) = &lease {
+                        match s.run_renew(&run_id, o, ttl_ms).await {
+                            Ok(true) => {}
+                            Ok(false) => refused = true,
+                            Err(_) => ok = false,
+                        }
+                    }
                     if let Some((k, t)) = &lock {
                         match s.lock_renew(k, *t, ttl_ms).await {
                             Ok(true) => {}
@@ -736,16 +746,16 @@ impl RunKeeper {
                 };
                 let ok = match answer {
                     None | Some((_, true)) => {
-                        give_up(&mut lock);
+                        give_up(&mut lock, &mut lease);
                         continue;
                     }
                     Some((ok, false)) => ok,
                 };
-                if ok && lock.is_some() {
+                if ok && held {
                     deadline = at + keep;
                     *until.lock().unwrap() = Some(deadline);
-                } else if lock.is_some() && Instant::now() >= deadline {
-                    give_up(&mut lock);
+                } else if held && Instant::now() >= deadline {
+                    give_up(&mut lock, &mut lease);
                 }
                 drop(gate);
             }

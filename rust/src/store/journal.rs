@@ -433,8 +433,9 @@ pub trait JournalStore: Send + Sync {
         None
     }
 
-    /// Renew a running run's lease (by whoever executes it). False when it is not running.
-    async fn run_renew(&self, run_id: &str, lease_ms: i64) -> Result<bool>;
+    /// Renew a running run's lease, held by `owner`. False when it is not running under
+    /// `owner` any more (another execution took it over once the lease lapsed, or it ended).
+    async fn run_renew(&self, run_id: &str, owner: &str, lease_ms: i64) -> Result<bool>;
 
     /// A running run sleeps until `wake_at`: state suspended, due to the waker then.
     async fn run_suspend(&self, run_id: &str, wake_at: i64) -> Result<bool>;

@@ -305,10 +305,11 @@ impl JournalStore for MysqlStore {
         started(run, s, now, || self.steps_of(&s.run_id, 0)).await
     }
 
-    async fn run_renew(&self, run_id: &str, lease_ms: i64) -> Result<bool> {
+    async fn run_renew(&self, run_id: &str, owner: &str, lease_ms: i64) -> Result<bool> {
         let sql = format!(
             "UPDATE gnl_runs SET lease_expires_at = {n} + ?, due_at = {n} + ? \
-             WHERE {RUN_WHERE} AND state = 'running' AND lease_expires_at IS NOT NULL",
+             WHERE {RUN_WHERE} AND state = 'running' AND lease_expires_at IS NOT NULL \
+             AND lease_owner = ?",
             n = now_ms!()
         );
         Ok(self
@@ -317,6 +318,7 @@ impl JournalStore for MysqlStore {
                     .bind(lease_ms)
                     .bind(run_id.as_bytes())
                     .bind(run_id.as_bytes())
+                    .bind(owner.as_bytes())
             })
             .await?
             == 1)

@@ -260,14 +260,16 @@ impl JournalStore for PostgresStore {
         started(run, s, now, || self.steps_of(&self.pool, &s.run_id)).await
     }
 
-    async fn run_renew(&self, run_id: &str, lease_ms: i64) -> Result<bool> {
+    async fn run_renew(&self, run_id: &str, owner: &str, lease_ms: i64) -> Result<bool> {
         let sql = format!(
             "UPDATE gnl_runs SET lease_expires_at = {n} + $2, due_at = {n} + $2 \
-             WHERE run_id = $1 AND state = 'running' AND lease_expires_at IS NOT NULL",
+             WHERE run_id = $1 AND state = 'running' AND lease_expires_at IS NOT NULL \
+             AND lease_owner = $3",
             n = now_ms!()
         );
+        let owner = pg_text(owner);
         Ok(self
-            .affected(&sql, |q| q.bind(run_id).bind(lease_ms))
+            .affected(&sql, |q| q.bind(run_id).bind(lease_ms).bind(owner.as_ref()))
             .await?
             == 1)
     }

@@ -277,14 +277,16 @@ impl JournalStore for SqliteStore {
         self.start_run_now(s)
     }
 
-    async fn run_renew(&self, run_id: &str, lease_ms: i64) -> Result<bool> {
+    async fn run_renew(&self, run_id: &str, owner: &str, lease_ms: i64) -> Result<bool> {
         let mut a = args();
         add(&mut a, run_id)?;
         add(&mut a, self.clock_ms() + lease_ms)?;
+        add(&mut a, owner)?;
         Ok(self
             .write_one(
                 "UPDATE gnl_runs SET lease_expires_at = ?2, due_at = ?2 \
-                 WHERE run_id = ?1 AND state = 'running' AND lease_expires_at IS NOT NULL",
+                 WHERE run_id = ?1 AND state = 'running' AND lease_expires_at IS NOT NULL \
+                 AND lease_owner = ?3",
                 a,
             )
             .await?

@@ -274,9 +274,13 @@ pub async fn suspended_and_abandoned_runs_are_due_to_the_waker(s: Arc<dyn Store>
         .unwrap();
     s.run_start(&start("job", "wf", None)).await.unwrap();
     assert!(s.runs_due(&wf, "w", 1000, 10).await.unwrap().is_empty());
-    assert!(s.run_renew("live", 60_000).await.unwrap());
+    assert!(s.run_renew("live", "me", 60_000).await.unwrap());
     assert!(
-        !s.run_renew("job", 60_000).await.unwrap(),
+        !s.run_renew("live", "other", 60_000).await.unwrap(),
+        "only its owner renews a lease"
+    );
+    assert!(
+        !s.run_renew("job", "me", 60_000).await.unwrap(),
         "a job's run has no lease"
     );
     // A sleeping run is due once its wake-up passed, to wakers that know its workflow.
