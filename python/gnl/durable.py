@@ -642,26 +642,20 @@ async def execute(
                 kept = await _native.run_finish(native, run_id, value)
         except _Suspend as s:
             return RunSuspended(s.wake_at)
-        except asyncio.CancelledError:
-            # Cancelled after a shutdown abort (a step that ignored it past gnl run's second
-            # grace): suspended for the next process's waker too, not left to its lease.
-            r = signal.reason
-            if not job and r is not None and r.why == "shutdown":
-                with contextlib.suppress(Exception):
-                    await _native.run_suspend(native, run_id, await native.now_ms())
-            raise
-        except Exception as e:
-            why = e.why if isinstance(e, ExecutionRevokedError) and signal.aborted else None
+        except (Exception, asyncio.CancelledError) as e:
+            # The signal's reason when it stopped the run: its ExecutionRevokedError, or a
+            # cancel after it (a step that ignored a shutdown past gnl run's second grace).
+            cancelled = isinstance(e, asyncio.CancelledError)
+            reason = signal.reason if signal.aborted else None
+            why = reason.why if reason is not None and (cancelled or e is reason) else None
             with contextlib.suppress(Exception):
-                if why == "lease-lost":
-                    # Another execution may hold the run now: nothing is written over it (if
-                    # none does, its lease lapses and the waker resumes it).
-                    pass
-                elif why == "shutdown" and not job:
+                if why == "shutdown" and not job:
                     # Stopped, not failed: due to the waker at once (the next process's).
                     await _native.run_suspend(native, run_id, await native.now_ms())
-                else:
+                elif not cancelled and why != "lease-lost":
                     # The run stays resumable: a later run_workflow (a job's retry) runs it.
+                    # (lease-lost: another execution may hold the run now, nothing is written
+                    # over it; if none does, its lease lapses and the waker resumes it.)
                     await _native.run_fail(native, run_id, f"{type(e).__name__}: {e}")
             raise
         return value if kept is None else _loads(kept)
