@@ -252,9 +252,26 @@ pub async fn dashboard_reads_run_under_the_read_timeout(s: Arc<dyn Store>) {
     let n = (N as i64) * 2;
     // No timeout (the default): every read runs to its end.
     all(true, dashboard_reads(&s, n).await);
-    // 1 ms: each is cut off.
+    // 1 ms: each is cut off. The engines kill a statement from a timer, and on a loaded
+    // machine that timer can run late enough for a read of a few ms to end first (seen on
+    // MariaDB's `list_orgs`): each read must be cut off in one of five rounds, so a read that
+    // ignores the timeout still fails here.
     s.read_timeout().set(1);
-    all(false, dashboard_reads(&s, n).await);
+    let mut ended: Vec<&'static str> = Vec::new();
+    for round in 0..5 {
+        let reads = dashboard_reads(&s, n).await;
+        if round == 0 {
+            ended = reads.iter().map(|r| r.0).collect();
+        }
+        ended.retain(|name| reads.iter().any(|r| r.0 == *name && r.1));
+        if ended.is_empty() {
+            break;
+        }
+    }
+    assert!(
+        ended.is_empty(),
+        "never cut off in 5 rounds at 1 ms: {ended:?}"
+    );
     // A minute: each ends, and a cut-off left nothing behind on the pool's connections.
     s.read_timeout().set(60_000);
     for _ in 0..3 {
