@@ -26,6 +26,7 @@ from click.testing import CliRunner, Result
 import gnl
 from _support import outdated_sqlite_store
 from conftest import _server, missing_server
+from gnl import _native
 from gnl.cli import cli
 
 LONG_ID = "order-" + "x" * 40 + "-end"
@@ -70,6 +71,53 @@ def seeded(url: str) -> None:
             ).drain()
 
     asyncio.run(go())
+
+
+def test_runs_that_no_process_executes_or_wakes_are_listed_as_stuck(
+    store_url: Callable[[], str],
+) -> None:
+    # A run whose process died keeps state "running"; one whose wakers are all gone keeps
+    # "suspended" past its wake-up: both are marked, in the table and with --json, so an
+    # operator sees what no process is going to finish.
+    url = store_url()
+    gnl_cmd("upgrade", url)
+
+    async def go() -> None:
+        async with await gnl.connect(url) as st:
+            native = st._native
+            now = await st.now_ms()
+            # A process that started "dead" with a 3 ms lease, never renewed; "live" holds a
+            # lease of an hour; "late" sleeps until two minutes ago, "soon" until a minute on.
+            for run_id, lease in (("dead", 3), ("live", 3_600_000), ("late", 3), ("soon", 3)):
+                await _native.run_start(native, run_id, "wf", None, None, None, "p:1:x", lease)
+            assert await _native.run_suspend(native, "late", now - 120_000)
+            assert await _native.run_suspend(native, "soon", now + 60_000)
+            await asyncio.sleep(0.05)
+
+    asyncio.run(go())
+    env = {"GNL_URL": url}
+    listed = {
+        x["run_id"]: (x["state"], x["stuck"])
+        for x in map(json.loads, gnl_cmd("runs", "list", "--json", env=env).output.splitlines())
+    }
+    assert listed == {
+        "dead": ("running", True),
+        "live": ("running", False),
+        "late": ("suspended", True),
+        "soon": ("suspended", False),
+    }
+    table = gnl_cmd("runs", "list", env=env).output
+    rows = {
+        ln.split()[1]: ln
+        for ln in table.splitlines()
+        if ln.split()[1:2] in (["dead"], ["live"], ["late"], ["soon"])
+    }
+    assert "stuck: lease expired" in rows["dead"], table
+    assert "stuck: overdue" in rows["late"], table
+    assert "stuck" not in rows["live"] + rows["soon"], table
+    shown = gnl_cmd("runs", "show", "dead", env=env).output
+    assert "running, stuck: lease expired" in shown, shown
+    assert json.loads(gnl_cmd("runs", "show", "live", "--json", env=env).output)["stuck"] is False
 
 
 def test_every_command_happy_path(store_url: Callable[[], str]) -> None:

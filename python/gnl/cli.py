@@ -738,21 +738,25 @@ def _run_dict(run: gnl.RunInfo) -> dict[str, Any]:
 def runs_list(
     url: str | None, state: str | None, workflow: str | None, limit: int, as_json: bool
 ) -> None:
-    """List durable runs, newest first (a running run whose lease expired is stuck: the
-    waker resumes it)."""
+    """List durable runs, newest first. A run no process is executing or waking is marked
+    stuck (``"stuck": true`` with --json): a running run whose lease expired (its process
+    died or stalled), or a suspended run more than a minute past its wake-up time; a waker
+    (``gnl run`` of an app that declares its workflow) resumes it."""
     target = _need_store(url)
 
-    async def go() -> list[gnl.RunInfo]:
+    async def go() -> tuple[list[gnl.RunInfo], int]:
         async with await _open(target) as storage:
-            return await gnl.list_runs(storage, state=state, workflow=workflow, limit=limit)
+            got = await gnl.list_runs(storage, state=state, workflow=workflow, limit=limit)
+            return got, await storage.now_ms()
 
-    items = _run(go)
+    items, now = _run(go)
     if as_json:
         for run in items:
             # A listing reads no steps: no "steps" key (an empty list read as "no steps");
             # `gnl runs show RUN_ID --json` has them.
             d = _run_dict(run)
             del d["steps"]
+            d["stuck"] = _stuck(run, now) is not None
             click.echo(json.dumps(d, ensure_ascii=False))
         return
     console = Console()
@@ -773,12 +777,27 @@ def runs_list(
         table.add_row(
             escape(run.run_id),
             escape(run.workflow),
-            run.state,
+            run.state + (f", {why}" if (why := _stuck(run, now)) else ""),
             _cell_time(run.created_at),
             _cell_time(run.wake_at if run.state == "suspended" else run.lease_expires_at),
             escape(_short(run.error)),
         )
     _print_table(console, table)
+
+
+#: How long past its wake-up time a suspended run is listed as stuck: wakers claim due runs
+#: every ``interval_ms`` (1 s by default), so a minute means none is running for it.
+_OVERDUE_MS = 60_000
+
+
+def _stuck(run: gnl.RunInfo, now: int) -> str | None:
+    """Why no process is executing or waking ``run`` at the store's time ``now`` (epoch ms),
+    or None: a running run whose lease expired, a suspended run a minute past its wake-up."""
+    if run.state == "running" and run.lease_expires_at is not None and run.lease_expires_at < now:
+        return "stuck: lease expired"
+    if run.state == "suspended" and run.wake_at is not None and run.wake_at < now - _OVERDUE_MS:
+        return "stuck: overdue"
+    return None
 
 
 @runs.command("show", epilog=_ex("gnl runs show sched:nightly:12 --json"))
@@ -789,15 +808,16 @@ def runs_show(run_id: str, url: str | None, as_json: bool) -> None:
     """Show one run and its recorded steps."""
     target = _need_store(url)
 
-    async def go() -> gnl.RunInfo | None:
+    async def go() -> tuple[gnl.RunInfo | None, int]:
         async with await _open(target) as storage:
-            return await gnl.get_run(storage, run_id)
+            return await gnl.get_run(storage, run_id), await storage.now_ms()
 
-    run = _run(go)
+    run, now = _run(go)
     if run is None:
         _fail(f"no run {run_id!r}", 1)
+    why = _stuck(run, now)
     if as_json:
-        click.echo(json.dumps(_run_dict(run), ensure_ascii=False))
+        click.echo(json.dumps(_run_dict(run) | {"stuck": why is not None}, ensure_ascii=False))
         return
     console = Console()
     head = Table(show_header=False, box=None, pad_edge=False)
@@ -806,7 +826,10 @@ def runs_show(run_id: str, url: str | None, as_json: bool) -> None:
     for k, v in (
         ("run id", run.run_id),
         ("workflow", run.workflow),
-        ("state", run.state + (f" ({run.preset})" if run.preset else "")),
+        (
+            "state",
+            run.state + (f" ({run.preset})" if run.preset else "") + (f", {why}" if why else ""),
+        ),
         ("created", _when(run.created_at)),
         ("updated", _when(run.updated_at)),
         ("wake at", _when(run.wake_at)),
