@@ -442,6 +442,11 @@ def test_declarations_are_checked_when_declared() -> None:
         asyncio.run(app.serve(stop=asyncio.Event()))
     with pytest.raises(gnl.InvalidArgumentError, match="roles"):
         asyncio.run(app.serve(only=["workers"]))
+    # ... also when that schedule is all the app declares (it was "nothing to run").
+    lone = gnl.App(url="sqlite::memory:")
+    lone.schedule("nightly", every_ms=1_000)
+    with pytest.raises(gnl.AppError, match="workflow 'nightly'.*declared: none"):
+        asyncio.run(lone.serve(stop=asyncio.Event()))
 
 
 async def test_serve_in_process(store_url: Callable[[], str]) -> None:

@@ -429,6 +429,15 @@ class App:
         return target
 
     def _check(self, roles: frozenset[str]) -> None:
+        # A schedule of an undeclared workflow first: an app whose only declaration is such a
+        # schedule was told "nothing to run", which hid the mistyped name.
+        for decl in self._schedules.values():
+            if decl.workflow not in self._workflows:
+                known = ", ".join(repr(k) for k in sorted(self._workflows)) or "none"
+                raise AppError(
+                    f"schedule {decl.id!r} names workflow {decl.workflow!r}, which the app does "
+                    f"not declare (declared: {known})"
+                )
         runs = (
             ("worker" in roles and self._jobs)
             or (roles & {"scheduler", "waker"} and self._workflows)
@@ -442,13 +451,6 @@ class App:
                 f"{len(self._workflows)} workflow(s) and {len(self._consumers)} consumer(s), "
                 f"and the roles {', '.join(sorted(roles))} run none of them"
             )
-        for decl in self._schedules.values():
-            if decl.workflow not in self._workflows:
-                known = ", ".join(repr(k) for k in sorted(self._workflows)) or "none"
-                raise AppError(
-                    f"schedule {decl.id!r} names workflow {decl.workflow!r}, which the app does "
-                    f"not declare (declared: {known})"
-                )
 
     async def serve(
         self,
