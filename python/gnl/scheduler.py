@@ -104,7 +104,8 @@ class TriggerInfo:
         missed: Occurrences missed and never fired.
         deferrals: Fires deferred because the run was busy (``RunBusyError`` at acquisition)
             or stopped by shutdown (``ExecutionRevokedError`` with ``why="shutdown"``).
-        last_deferral_at: When the last deferral happened (epoch ms UTC), or None.
+        last_deferral_at: When the last deferral happened (epoch ms UTC: the poll's instant
+            plus the time the fire ran until it was refused or stopped), or None.
     """
 
     id: str
@@ -511,6 +512,7 @@ class _Poller:
 
     async def _fire(self, r: _native.RawTrigger, now: int, result: PollResult) -> None:
         native = self.native
+        began = time.monotonic()
         dropped = 0
         if r.retry_slot is not None:
             slot, owed = r.retry_slot, r.owed_slot
@@ -625,13 +627,16 @@ class _Poller:
                     result.failed += 1
                     result.run_ids.append(run_id)
                 else:
+                    # Retried `retry_ms` after the poll's instant (`now`); deferred when the
+                    # refusal came, which for a fire stopped by shutdown may be a while after
+                    # (the time since `now` on this process's clock).
                     st = _state(
                         r,
                         **base,
                         retry_slot=slot,
                         next_run_at=now + self.retry_ms,
                         deferrals=r.deferrals + 1,
-                        last_deferral_at=now,
+                        last_deferral_at=now + age_ms(began),
                     )
                     result.skipped += 1
                     result.deferred += 1
