@@ -526,6 +526,50 @@ async def test_a_failed_schedule_is_said_at_every_start(
     assert "gnl triggers unschedule flaky" in caplog.text
 
 
+async def test_recovery_timings_are_set_on_the_app(store_url: Callable[[], str]) -> None:
+    # A run's lease and a busy or stopped fire's wait come from the app (they were fixed at
+    # 30 s each): here a 120 s lease, and a fire stopped by shutdown retried 45 s on.
+    url = store_url()
+    app = gnl.App(
+        url=url,
+        scheduler_poll_ms=20,
+        run_lease_ms=120_000,
+        fire_lock_ttl_ms=90_000,
+        fire_retry_ms=45_000,
+    )
+    inside = asyncio.Event()
+
+    @app.workflow()
+    async def long(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        async def wait() -> None:
+            inside.set()
+            await ctx.signal.wait()  # until the shutdown aborts it
+
+        await ctx.step("wait", wait)
+        return await ctx.step("after", lambda: 1)
+
+    app.schedule("long", at=0)
+    stop = asyncio.Event()
+    task = asyncio.create_task(app.serve(stop=stop, only=["scheduler"], grace_ms=100))
+    await asyncio.wait_for(inside.wait(), 30)
+    async with await gnl.connect(url) as st:
+        (run,) = await gnl.list_runs(st)
+        now = await st.now_ms()
+        assert run.lease_expires_at is not None
+        assert 100_000 < run.lease_expires_at - now <= 120_000, run.lease_expires_at - now
+        stop.set()
+        await task
+        (t,) = await gnl.list_triggers(st)
+        assert (t.state, t.deferrals) == ("pending", 1)
+        assert t.next_run_at is not None and 40_000 < t.next_run_at - now <= 45_000
+    with pytest.raises(gnl.InvalidArgumentError, match="run_lease_ms must be >= 3"):
+        gnl.App(run_lease_ms=2)
+    with pytest.raises(gnl.InvalidArgumentError, match="fire_lock_ttl_ms"):
+        gnl.App(fire_lock_ttl_ms=0)
+    with pytest.raises(gnl.InvalidArgumentError, match="fire_retry_ms"):
+        gnl.App(fire_retry_ms=0)
+
+
 @pytest.mark.parametrize("backend", [b for b in RUN_BACKENDS if b == "postgres"])
 def test_store_outage_mid_run_is_retried_and_nothing_is_lost(
     store_url: Callable[[], str], tmp_path: Path, procs: list[Proc]

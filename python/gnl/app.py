@@ -168,6 +168,13 @@ class App:
         max_connections: The store's connection pool (see :func:`gnl.connect`).
         waker_interval_ms: How often the workflow waker looks for runs to resume (ms).
         scheduler_poll_ms: The scheduler's poll interval (ms).
+        run_lease_ms: A running workflow run's lease (ms >= 3, renewed every third of it):
+            after a crash, the waker resumes the run once it lapsed (``create_gnl``'s
+            ``lease_ms``).
+        fire_lock_ttl_ms: A schedule's fire lock (ms >= 3): after a crash, the slot is fired
+            again once it lapsed (``create_scheduler``'s ``lock_ttl_ms``).
+        fire_retry_ms: How long a fire waits when its run is busy or was stopped by
+            shutdown (ms >= 1; ``create_scheduler``'s ``retry_ms``).
 
     Raises:
         TypeError: an argument of the wrong type.
@@ -181,16 +188,25 @@ class App:
         max_connections: int = 10,
         waker_interval_ms: int = 5_000,
         scheduler_poll_ms: int = 1_000,
+        run_lease_ms: int = 30_000,
+        fire_lock_ttl_ms: int = 60_000,
+        fire_retry_ms: int = 30_000,
     ) -> None:
         if url is not None:
             _check_name(url, "url")
         check_int(max_connections, "max_connections", 1, 10_000)
         check_int(waker_interval_ms, "waker_interval_ms", 1, MAX_DURATION_MS)
         check_int(scheduler_poll_ms, "scheduler_poll_ms", 1, MAX_DURATION_MS)
+        check_int(run_lease_ms, "run_lease_ms", 3, MAX_DURATION_MS)
+        check_int(fire_lock_ttl_ms, "fire_lock_ttl_ms", 3, MAX_DURATION_MS)
+        check_int(fire_retry_ms, "fire_retry_ms", 1, MAX_DURATION_MS)
         self.url = url
         self.max_connections = max_connections
         self.waker_interval_ms = waker_interval_ms
         self.scheduler_poll_ms = scheduler_poll_ms
+        self.run_lease_ms = run_lease_ms
+        self.fire_lock_ttl_ms = fire_lock_ttl_ms
+        self.fire_retry_ms = fire_retry_ms
         self._jobs: dict[str, _JobDecl] = {}
         self._workflows: dict[str, Workflow] = {}
         self._schedules: dict[str, _ScheduleDecl] = {}
@@ -574,10 +590,16 @@ class App:
         if self._workflows and roles & {"scheduler", "waker"}:
             from .durable import create_gnl
 
-            gnl_runner = _AppGnl(create_gnl(storage, self._workflows), running)
+            gnl_runner = _AppGnl(
+                create_gnl(storage, self._workflows, lease_ms=self.run_lease_ms), running
+            )
         if "scheduler" in roles and gnl_runner is not None:
             scheduler: Scheduler = create_scheduler(
-                storage, gnl_runner, poll_ms=self.scheduler_poll_ms
+                storage,
+                gnl_runner,
+                poll_ms=self.scheduler_poll_ms,
+                lock_ttl_ms=self.fire_lock_ttl_ms,
+                retry_ms=self.fire_retry_ms,
             )
             scheduler.start()
             parts.append((f"scheduler ({len(self._schedules)} schedules)", scheduler.stop))
