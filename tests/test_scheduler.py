@@ -251,10 +251,17 @@ async def test_catchup_fires_one_per_poll_oldest_first_and_max_catchup_warns(
     assert (await trigger(storage, "wf")).missed == 3
 
 
-async def test_a_busy_run_is_a_deferral_not_an_attempt(storage: gnl.Storage) -> None:
+async def test_a_busy_run_is_a_deferral_not_an_attempt(
+    storage: gnl.Storage, caplog: pytest.LogCaptureFixture
+) -> None:
     await gnl.schedule_workflow(storage, "wf", every_ms=MIN, now_ms=T0)
     busy = Recorder(raises=gnl.RunBusyError("busy", at_lock_acquisition=True))
-    res = await gnl.poll_scheduler(storage, busy, retry_ms=7_000, now_ms=T0 + MIN)
+    with caplog.at_level(logging.INFO, logger="gnl"):
+        res = await gnl.poll_scheduler(storage, busy, retry_ms=7_000, now_ms=T0 + MIN)
+    assert caplog.messages == [
+        "gnl scheduler: fire 'sched:wf:0' of trigger 'wf' deferred 7000 ms (its run is being "
+        "executed elsewhere); no attempt spent"
+    ]
     assert (res.fired, res.skipped, res.deferred, res.run_ids) == (0, 1, 1, [])
     t = await trigger(storage, "wf")
     assert (t.state, t.attempts, t.deferrals) == ("pending", 0, 1)

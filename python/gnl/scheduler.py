@@ -640,6 +640,15 @@ class _Poller:
                     )
                     result.skipped += 1
                     result.deferred += 1
+                    log.info(
+                        "gnl scheduler: fire %r of trigger %r deferred %d ms (%s); no attempt spent",
+                        run_id,
+                        r.id,
+                        self.retry_ms,
+                        "its run is being executed elsewhere"
+                        if busy
+                        else "stopped by shutdown: its run is suspended for the waker",
+                    )
             else:
                 st = _state(
                     r,
