@@ -332,6 +332,28 @@ async def test_a_fire_stopped_by_shutdown_is_a_deferral_not_an_attempt(
     assert (await trigger(storage, "wf")).state == "failed"
 
 
+async def test_a_fire_whose_run_lost_its_lease_is_a_deferral_not_an_attempt(
+    storage: gnl.Storage, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The process stalled past its run's lease (not past the fire lock): another execution
+    # took the run over and carries it on. The fire did not fail: with max_attempts=1 it made
+    # the trigger "failed" (fires no more) while its run finished elsewhere.
+    await gnl.schedule_workflow(storage, "wf", every_ms=MIN, max_attempts=1, now_ms=T0)
+    lost = Recorder(raises=gnl.ExecutionRevokedError("lease-lost"))
+    with caplog.at_level(logging.WARNING, logger="gnl"):
+        res = await gnl.poll_scheduler(storage, lost, retry_ms=5_000, now_ms=T0 + MIN)
+    assert (res.fired, res.failed, res.skipped, res.deferred) == (0, 0, 1, 1)
+    t = await trigger(storage, "wf")
+    assert (t.state, t.attempts, t.deferrals, t.last_error) == ("pending", 0, 1, None)
+    assert t.next_run_at == T0 + MIN + 5_000
+    assert "another execution took the run over" in caplog.text
+    # The retry fires the same slot under the same run id (done by then: its result).
+    r = Recorder()
+    res = await gnl.poll_scheduler(storage, r, now_ms=T0 + MIN + 5_000)
+    assert res.run_ids == ["sched:wf:0"] and r.calls[0]["scheduled_for"] == T0 + MIN
+    assert (await trigger(storage, "wf")).fire_count == 1
+
+
 async def test_failures_back_off_then_the_trigger_fails(storage: gnl.Storage) -> None:
     await gnl.schedule_workflow(storage, "wf", every_ms=MIN, max_attempts=3, now_ms=T0)
     bad = Recorder(raises=RuntimeError("boom"))

@@ -102,8 +102,9 @@ class TriggerInfo:
         last_fired_at: When the last fire finished (epoch ms UTC, the poll's instant), or None.
         last_scheduled_for: The slot of the last finished fire (epoch ms UTC), or None.
         missed: Occurrences missed and never fired.
-        deferrals: Fires deferred because the run was busy (``RunBusyError`` at acquisition)
-            or stopped by shutdown (``ExecutionRevokedError`` with ``why="shutdown"``).
+        deferrals: Fires deferred because the run was busy (``RunBusyError`` at acquisition),
+            stopped by shutdown (``ExecutionRevokedError`` with ``why="shutdown"``) or lost its
+            lease to another execution (``why="lease-lost"``: this process stalled past it).
         last_deferral_at: When the last deferral happened (epoch ms UTC: the poll's instant
             plus the time the fire ran until it was refused or stopped), or None.
     """
@@ -617,11 +618,13 @@ class _Poller:
                     r.name, run_id=run_id, input=input, scheduled_for=slot, signal=signal
                 )
             except Exception as e:
-                # Busy elsewhere, or stopped by this process's shutdown (the run is suspended
-                # for the waker, the slot is retried by the next poller): no attempt spent.
+                # Busy elsewhere, stopped by this process's shutdown (the run is suspended for
+                # the waker), or its lease lost (this process stalled past it: another
+                # execution carries the run on): the slot is retried by the next poller under
+                # the same run id, and no attempt is spent: the run did not fail.
                 busy = isinstance(e, RunBusyError) and e.at_lock_acquisition
-                stopped = isinstance(e, ExecutionRevokedError) and e.why == "shutdown"
-                if not (busy or stopped):
+                why = e.why if isinstance(e, ExecutionRevokedError) else None
+                if not (busy or why in ("shutdown", "lease-lost")):
                     st = self._failed(r, now, slot, base, e)
                     result.fired += 1
                     result.failed += 1
@@ -640,14 +643,18 @@ class _Poller:
                     )
                     result.skipped += 1
                     result.deferred += 1
-                    log.info(
+                    log.log(
+                        logging.WARNING if why == "lease-lost" else logging.INFO,
                         "gnl scheduler: fire %r of trigger %r deferred %d ms (%s); no attempt spent",
                         run_id,
                         r.id,
                         self.retry_ms,
                         "its run is being executed elsewhere"
                         if busy
-                        else "stopped by shutdown: its run is suspended for the waker",
+                        else "stopped by shutdown: its run is suspended for the waker"
+                        if why == "shutdown"
+                        else "its run lost its lease: this process stalled past it and another "
+                        "execution took the run over",
                     )
             else:
                 st = _state(
