@@ -645,7 +645,8 @@ class _Poller:
                     result.deferred += 1
                     log.log(
                         logging.WARNING if why == "lease-lost" else logging.INFO,
-                        "gnl scheduler: fire %r of trigger %r deferred %d ms (%s); no attempt spent",
+                        "gnl scheduler: fire %r of trigger %r deferred %d ms (%s); "
+                        "no attempt spent",
                         run_id,
                         r.id,
                         self.retry_ms,
