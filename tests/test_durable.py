@@ -8,6 +8,7 @@ Across processes (kill -9, two executors, two wakers): test_durable_mp.py.
 from __future__ import annotations
 
 import asyncio
+import logging
 from datetime import datetime, timezone
 from typing import Any
 
@@ -423,7 +424,9 @@ async def test_a_failed_run_resumes_when_handed_to_the_waker(storage: gnl.Storag
         await gnl.resume_run(storage, 7)  # type: ignore[arg-type]
 
 
-async def test_sleep_suspends_and_the_waker_resumes_once(storage: gnl.Storage) -> None:
+async def test_sleep_suspends_and_the_waker_resumes_once(
+    storage: gnl.Storage, caplog: pytest.LogCaptureFixture
+) -> None:
     calls, effect = tally()
 
     async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
@@ -443,7 +446,9 @@ async def test_sleep_suspends_and_the_waker_resumes_once(storage: gnl.Storage) -
     waker = gnl.create_workflow_waker(g, interval_ms=50)
     assert await waker.tick() == 0
     await asyncio.sleep(max(0, got.wake_at - await storage.now_ms()) / 1000 + 0.02)
-    assert await waker.tick() == 1
+    with caplog.at_level(logging.INFO, logger="gnl"):
+        assert await waker.tick() == 1
+    assert not [m for m in caplog.messages if "lease" in m], caplog.messages
     assert await waker.tick() == 0
     assert calls == {"before": 1, "after": 1}
     run = await gnl.get_run(storage, "r")
@@ -523,7 +528,9 @@ async def test_the_waker_loop_resumes_a_run_while_another_one_is_in_a_long_step(
     assert run is not None and run.state == "done"
 
 
-async def test_a_run_whose_process_died_is_resumed_by_the_waker(storage: gnl.Storage) -> None:
+async def test_a_run_whose_process_died_is_resumed_by_the_waker(
+    storage: gnl.Storage, caplog: pytest.LogCaptureFixture
+) -> None:
     calls, effect = tally()
 
     async def wf(ctx: gnl.WorkflowContext, input: Any) -> Any:
@@ -538,10 +545,16 @@ async def test_a_run_whose_process_died_is_resumed_by_the_waker(storage: gnl.Sto
     stuck = await gnl.list_runs(storage, state="running")
     assert [r.run_id for r in stuck] == ["r"]
     waker = gnl.create_workflow_waker(g)
-    assert await waker.tick() == 1
+    with caplog.at_level(logging.WARNING, logger="gnl"):
+        assert await waker.tick() == 1
     assert calls == {"b": 1}
     run = await gnl.get_run(storage, "r")
     assert run is not None and run.result == ["a-from-the-dead", "b"]
+    # Said once, as a take-over (a sleep's wake-up is not logged).
+    assert [m for m in caplog.messages if "'r'" in m] == [
+        "gnl waker: run 'r' (workflow 'wf') was running under a lease that expired (the process "
+        "executing it died or stalled); resuming it from its recorded steps"
+    ]
     # A live run (renewed lease) is not the waker's.
     g_live = gnl.create_gnl(storage, {"wf": wf}, lease_ms=300)
     gate = asyncio.Event()

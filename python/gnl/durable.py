@@ -1075,6 +1075,14 @@ class WorkflowWaker:
 
     async def _resume(self, run: _native.RawRun, owner: str) -> None:
         _CLAIMED.set((run.run_id, owner))  # this task's context only
+        if run.wake_at is None:
+            # Claimed because its lease expired (the claim keeps a sleeping run's wake_at).
+            log.warning(
+                "gnl waker: run %r (workflow %r) was running under a lease that expired (the "
+                "process executing it died or stalled); resuming it from its recorded steps",
+                run.run_id,
+                run.workflow,
+            )
         try:
             await self._gnl.run_workflow(run.workflow, run_id=run.run_id, preset=run.preset)
         except RunBusyError:

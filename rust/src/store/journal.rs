@@ -476,7 +476,8 @@ pub trait JournalStore: Send + Sync {
     /// Claim up to `limit` runs of `workflows` that the waker should resume — suspended runs
     /// whose `wake_at` passed and running runs whose lease expired — oldest due first: each
     /// becomes running under `owner` with a lease of `lease_ms` (compare-and-set, so several
-    /// wakers never claim one wake-up twice).
+    /// wakers never claim one wake-up twice). A run claimed from its sleep keeps its
+    /// `wake_at`; one claimed because its lease expired gets none (the waker logs those).
     async fn runs_due(
         &self,
         workflows: &[String],

@@ -496,7 +496,8 @@ impl JournalStore for MysqlStore {
         let kmarks = vec!["?"; keys.len()].join(", ");
         self.counted(1);
         let claim = format!(
-            "UPDATE gnl_runs SET lease_owner = ?, lease_expires_at = {n} + ?, due_at = {n} + ?, \
+            "UPDATE gnl_runs SET wake_at = IF(state = 'suspended', wake_at, NULL), \
+             lease_owner = ?, lease_expires_at = {n} + ?, due_at = {n} + ?, \
              token = token + 1, updated_at = {n}, state = 'running' WHERE run_key IN ({kmarks})",
             n = now_ms!()
         );

@@ -395,7 +395,8 @@ impl JournalStore for PostgresStore {
         }
         self.counted(1);
         let sql = with_now(&format!(
-            "UPDATE gnl_runs SET state = 'running', lease_owner = $1, \
+            "UPDATE gnl_runs SET wake_at = CASE WHEN state = 'suspended' THEN wake_at END, \
+             state = 'running', lease_owner = $1, \
              lease_expires_at = (SELECT t FROM now_t) + $2, due_at = (SELECT t FROM now_t) + $2, \
              token = token + 1, updated_at = (SELECT t FROM now_t) \
              WHERE run_id IN (SELECT run_id FROM gnl_runs \

@@ -439,7 +439,8 @@ impl JournalStore for SqliteStore {
         self.counted(1);
         let rows = sqlx::query_with(
             &format!(
-                "UPDATE gnl_runs SET state = 'running', lease_owner = ?1, lease_expires_at = ?2, \
+                "UPDATE gnl_runs SET wake_at = CASE WHEN state = 'suspended' THEN wake_at END, \
+                 state = 'running', lease_owner = ?1, lease_expires_at = ?2, \
                  due_at = ?2, token = token + 1, updated_at = ?3 \
                  WHERE run_id IN (SELECT run_id FROM gnl_runs WHERE due_at <= ?3 \
                  AND workflow IN ({marks}) ORDER BY due_at LIMIT ?4) RETURNING {RUN_COLS}"

@@ -314,7 +314,29 @@ pub async fn suspended_and_abandoned_runs_are_due_to_the_waker(s: Arc<dyn Store>
     assert_eq!(due[0].state, "running");
     assert_eq!(due[0].lease_owner.as_deref(), Some("w1"));
     assert!(due[0].lease_expires_at.unwrap() > now);
+    // A run claimed from its sleep keeps its wake-up time; one claimed because its lease
+    // lapsed has none (the waker tells the two apart by it: the second is logged), even when
+    // it had slept before.
+    assert_eq!(due[0].wake_at, Some(now - 1));
     assert!(s.runs_due(&wf, "w2", 60_000, 10).await.unwrap().is_empty());
+    s.run_start(&start("woke", "wf", Some(60_000)))
+        .await
+        .unwrap();
+    assert!(s.run_suspend("woke", now - 1).await.unwrap());
+    let due = s.runs_due(&wf, "w1", -1, 10).await.unwrap();
+    assert_eq!(
+        due.iter()
+            .map(|r| (r.run_id.as_str(), r.wake_at))
+            .collect::<Vec<_>>(),
+        vec![("woke", Some(now - 1))]
+    );
+    let due = s.runs_due(&wf, "w2", 60_000, 10).await.unwrap();
+    assert_eq!(
+        due.iter()
+            .map(|r| (r.run_id.as_str(), r.wake_at))
+            .collect::<Vec<_>>(),
+        vec![("woke", None)]
+    );
     // A running run whose lease ran out (its process died) is due too; done ones never.
     s.run_start(&start("dead", "wf", Some(-1))).await.unwrap();
     s.run_start(&start("done", "wf", Some(-1))).await.unwrap();
@@ -323,8 +345,10 @@ pub async fn suspended_and_abandoned_runs_are_due_to_the_waker(s: Arc<dyn Store>
     s.run_fail("failed", "x").await.unwrap();
     let due = s.runs_due(&wf, "w2", 60_000, 10).await.unwrap();
     assert_eq!(
-        due.iter().map(|r| r.run_id.as_str()).collect::<Vec<_>>(),
-        vec!["dead"]
+        due.iter()
+            .map(|r| (r.run_id.as_str(), r.wake_at))
+            .collect::<Vec<_>>(),
+        vec![("dead", None)]
     );
     // A failed run handed to the waker (`resume_run`) is due at once, its error cleared; a
     // run that is not failed is left alone.
