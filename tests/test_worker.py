@@ -1096,14 +1096,16 @@ class _CountingClaims:
         self._native = native
         self.out = 0
         self.most = 0
+        self.waits = 0  # claims that waited for the lanes (one lane or a few)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._native, name)
 
-    def claim(self, n: int, carry: bool = True, per_org: int = 0) -> Any:
-        fut = self._native.claim(n, carry, per_org)
+    def claim(self, n: int, carry: bool = True, per_org: int = 0, wait: bool = False) -> Any:
+        fut = self._native.claim(n, carry, per_org, wait)
         self.out += 1
         self.most = max(self.most, self.out)
+        self.waits += wait
 
         async def answer() -> Any:
             try:
@@ -1114,16 +1116,12 @@ class _CountingClaims:
         return answer()
 
 
-async def test_short_handlers_keep_a_second_claim_in_flight_on_postgres(
-    storage: gnl.Storage,
-) -> None:
-    # White-box (the worker's native half): 50 organizations, C=10, handlers shorter than a
-    # claim. On Postgres the next claim goes out while the last one is in flight (two claims
-    # with SKIP LOCKED take different lanes); elsewhere one claim is in flight at a time.
-    # Every job runs once either way.
+async def _drain_counting(storage: gnl.Storage, orgs: int) -> _CountingClaims:
+    """Drain 2,000 jobs over ``orgs`` organizations at C=10 with short handlers, counting the
+    claims in flight; every job runs once."""
     await gnl.enqueue_many(
         storage,
-        [{"type": "t", "payload": i, "options": {"org_id": f"o{i % 50}"}} for i in range(2_000)],
+        [{"type": "t", "payload": i, "options": {"org_id": f"o{i % orgs}"}} for i in range(2_000)],
     )
     ran: list[int] = []
 
@@ -1136,4 +1134,29 @@ async def test_short_handlers_keep_a_second_claim_in_flight_on_postgres(
     result = await worker.drain()
     assert result.processed == 2_000
     assert sorted(ran) == list(range(2_000))
+    return counting
+
+
+async def test_short_handlers_keep_a_second_claim_in_flight_on_postgres(
+    storage: gnl.Storage,
+) -> None:
+    # White-box (the worker's native half): 50 organizations, C=10, handlers shorter than a
+    # claim. On Postgres the next claim goes out while the last one is in flight (two claims
+    # with SKIP LOCKED take different lanes); elsewhere one claim is in flight at a time.
+    # Every job runs once either way.
+    counting = await _drain_counting(storage, 50)
     assert counting.most == (2 if storage.backend == "postgres" else 1)
+    assert counting.waits == 0
+
+
+async def test_short_handlers_over_one_organization_keep_two_claims_in_flight_on_postgres(
+    storage: gnl.Storage,
+) -> None:
+    # As above, over one organization: a second claim that skipped the lane the first one
+    # holds came back empty, so one claim was in flight; on Postgres the two wait for the lane
+    # instead (migration 0011) and take consecutive batches. Every job runs once.
+    counting = await _drain_counting(storage, 1)
+    if storage.backend == "postgres":
+        assert counting.most == 2 and counting.waits > 100, (counting.most, counting.waits)
+    else:
+        assert (counting.most, counting.waits) == (1, 0)

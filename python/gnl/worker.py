@@ -64,6 +64,20 @@ class _Claim(NamedTuple):
     seen: int
     carry: bool
     second: bool
+    wait: bool = False
+
+
+def _orgs_looked_for(limit: int) -> int:
+    """How many organizations a Postgres claim of ``limit`` jobs looks for in its first pass
+    (migration 0010's quantum: ceil(limit / 4), at least 16, at most ``limit``): a full claim
+    whose jobs came from fewer took every due lane it found."""
+    return min(limit, max(16, -(-limit // 4)))
+
+
+def _done(fut: Awaitable[Any]) -> bool:
+    """Whether a claim's answer is in (an asyncio future; any other awaitable: not known)."""
+    done = getattr(fut, "done", None)
+    return bool(done()) if done is not None else False
 
 
 def _cancelling() -> bool:
@@ -338,6 +352,9 @@ class Worker:
         self._at_once = False  # the last claim ran at once on this thread (claim_now)
         self._late = False  # a handler outlasted a claim while a pair waited for it
         self._spread = False  # the last claim came back full with one job an organization
+        # ... or full from fewer organizations than it looked for (one lane or a few, all of
+        # them taken): its second claim waits for the lanes the first one holds.
+        self._few = False
         self._alone = 0  # claims to send alone (no second claim in flight) before another
         self._ends = 0  # handler runs ended
         self._counts = [0, 0, 0]  # processed, succeeded, failed
@@ -638,9 +655,14 @@ class Worker:
                             # A second claim may go out beside it: then both take one job an
                             # organization (the two race for the lanes, and the one that finds
                             # some locked by the other must not split its batch among the rest).
-                            cap = 1 if self._may_pair() and not self._alone else 0
-                            claim = native.claim(want, True, cap)
-                            out.append(_Claim(claim, want, t0, seen, True, False))
+                            # Over few lanes both wait for the lanes (the one that gets them
+                            # first serves them first: a claim that skipped them would come
+                            # back empty).
+                            pair = self._may_pair()
+                            wait = pair and self._few
+                            cap = 1 if pair and not wait and not self._alone else 0
+                            claim = native.claim(want, True, cap, wait)
+                            out.append(_Claim(claim, want, t0, seen, True, False, wait))
                     self._fill()
                     if now is None:
                         full = len(self._tasks) >= self.concurrency
@@ -661,13 +683,21 @@ class Worker:
                             seen2 = _wake.version(self._storage._native, "jobs")
                             # One job an organization: the lanes the one in flight holds
                             # are skipped, and the few left must not split the whole batch.
-                            claim = native.claim(second, carry, 1)
-                            out.append(_Claim(claim, second, loop.time(), seen2, carry, True))
+                            # Over few lanes it waits for them instead, and takes the next
+                            # jobs of the same lanes once the one in flight committed.
+                            wait = self._few
+                            claim = native.claim(second, carry, 0 if wait else 1, wait)
+                            out.append(_Claim(claim, second, loop.time(), seen2, carry, True, wait))
                             self._fill()
                         c = out.popleft()
                         jobs = await c.fut
                         want, t0, seen = c.asked, c.t0, c.seen
                         self._spread_after(c, jobs)
+                        if c.wait and out and out[0].wait and _done(out[0].fut):
+                            # Two claims that waited for the same lanes: the one sent second
+                            # may have taken them first (the first carried outcomes), and
+                            # then its batch is the earlier one: it starts first.
+                            jobs = await self._behind(out, jobs, loop.time())
                     else:
                         jobs = now
                 except GnlError as e:
@@ -753,11 +783,12 @@ class Worker:
 
     def _second(self, out: deque[_Claim]) -> int:
         """How many jobs a second claim in flight asks for (0: none goes out). Postgres, two
-        slots or more, handlers shorter than a claim, and the last claim came back full with
-        one job an organization: more lanes are likely due beyond those the one in flight
-        holds (it skips them: SKIP LOCKED), so while its round trip and the handlers run the
-        store works on the next. It asks for the slots the two claims keep busy, less the
-        jobs claimed ahead and those the one in flight asked for."""
+        slots or more, handlers shorter than a claim, and the last claim came back full:
+        with one job an organization, more lanes are likely due beyond those the one in
+        flight holds (it skips them: SKIP LOCKED); from one lane or a few, it waits for them
+        (`_few`). Either way the store works on the next claim while the round trip and the
+        handlers of the one in flight run. It asks for the slots the two claims keep busy,
+        less the jobs claimed ahead and those the one in flight asked for."""
         if len(out) != 1 or not self._may_pair():
             return 0
         if self._alone:
@@ -769,10 +800,11 @@ class Worker:
     def _may_pair(self) -> bool:
         """Whether a second claim may follow the next one while it is in flight (``_second``,
         unless the next claims go out alone): Postgres, two slots or more, handlers shorter
-        than a claim, and the last claim came back full with one job an organization."""
+        than a claim, and the last claim came back full, with one job an organization
+        (``_spread``) or from one lane or a few (``_few``)."""
         hold = self._hold_s
         return (
-            self._spread
+            (self._spread or self._few)
             and self.concurrency >= 2
             and not self._stopping
             and hold is not None
@@ -781,13 +813,37 @@ class Worker:
         )
 
     def _spread_after(self, c: _Claim, jobs: list[ClaimedJob]) -> None:
-        """A claim came back: whether it was full with one job an organization (a second
-        claim may follow it). A second claim that came back short, or with two jobs of one
-        organization, met the lanes the first one held: the next claims go out alone."""
+        """A claim came back: whether it was full with one job an organization, or full from
+        fewer organizations than its pick looked for (one lane or a few: it took every due
+        lane it found; a second claim may follow either, see ``_second``). A second claim
+        that skipped lanes and came back short, or with two jobs of one organization, met
+        the lanes the first one held: the next claims go out alone."""
         n = len(jobs)
-        self._spread = n == c.asked and len({j[2] for j in jobs}) == n
-        if c.second and not self._spread:
+        full = n == c.asked and n > 0
+        orgs = len({j[2] for j in jobs})
+        self._spread = full and orgs == n
+        self._few = full and not self._spread and orgs < _orgs_looked_for(n)
+        if c.second and not c.wait and not self._spread:
             self._alone = _ALONE
+
+    async def _behind(
+        self, out: deque[_Claim], jobs: list[ClaimedJob], now: float
+    ) -> list[ClaimedJob]:
+        """Take the answer of the next claim in flight (done already) with ``jobs``, the one
+        before it, in the order the store served them: over the same lanes, the batch that
+        holds an organization's earlier job first. A failed claim's jobs are none."""
+        d = out.popleft()
+        try:
+            more = await d.fut
+        except GnlError:
+            more = []
+        self._spread_after(d, more)
+        self._claimed(now - d.t0)
+        first: dict[str | None, int] = {}
+        for j in more:
+            first.setdefault(j[2], j[0])
+        earlier = any(j[2] in first and first[j[2]] < j[0] for j in jobs)
+        return more + jobs if earlier else jobs + more
 
     async def _collect(self, out: deque[_Claim]) -> None:
         """Await the claims in flight; their jobs are claimed ahead (a failed one's are none)."""

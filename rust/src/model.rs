@@ -416,6 +416,11 @@ pub struct ClaimRequest {
     /// asks 1: the lanes that claim holds are skipped, and uncapped, the few lanes left would
     /// split the whole batch.
     pub per_org: usize,
+    /// Wait for lanes that a claim in flight holds instead of skipping them (Postgres; the
+    /// other engines take one claim at a time and ignore it): over one lane or a few, a
+    /// second claim in flight then runs right behind the first one and takes the next jobs
+    /// of the same lanes (migration 0011). Uncapped (`per_org` is not read).
+    pub wait_lanes: bool,
 }
 
 /// The end of one attempt, written conditionally on (seq, token). `org` is the job's

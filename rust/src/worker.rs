@@ -171,7 +171,7 @@ impl WorkerCore {
 
     /// Write waiting outcomes and claim up to `n` jobs, in one store call.
     pub async fn claim(&self, n: usize) -> Result<Vec<ClaimedJob>> {
-        claim(self.shared.clone(), n, true, 0).await
+        claim(self.shared.clone(), n, true, 0, false).await
     }
 
     /// `claim` at once on the calling thread, when the store can; `None`: use `claim`.
@@ -234,14 +234,16 @@ impl WorkerCore {
     /// `claim`; with `carry` false it writes no outcomes (they wait for a later claim or the
     /// writer): a claim sent while another one that carries outcomes is in flight, since
     /// outcomes lock lease records without SKIP LOCKED and could wait on that claim. At most
-    /// `per_org` jobs an organization (0: no cap, `ClaimRequest::per_org`).
+    /// `per_org` jobs an organization (0: no cap, `ClaimRequest::per_org`); `wait`: wait for
+    /// the lanes a claim in flight holds (`ClaimRequest::wait_lanes`).
     pub fn shared_claim(
         &self,
         n: usize,
         carry: bool,
         per_org: usize,
+        wait: bool,
     ) -> impl std::future::Future<Output = Result<Vec<ClaimedJob>>> + Send + 'static {
-        claim(self.shared.clone(), n, carry, per_org)
+        claim(self.shared.clone(), n, carry, per_org, wait)
     }
 
     /// The store this worker claims from.
@@ -271,7 +273,13 @@ impl Drop for WorkerCore {
     }
 }
 
-async fn claim(s: Arc<Shared>, n: usize, carry: bool, per_org: usize) -> Result<Vec<ClaimedJob>> {
+async fn claim(
+    s: Arc<Shared>,
+    n: usize,
+    carry: bool,
+    per_org: usize,
+    wait: bool,
+) -> Result<Vec<ClaimedJob>> {
     if s.closed.load(Ordering::SeqCst) {
         return Err(Error::Closed);
     }
@@ -284,6 +292,7 @@ async fn claim(s: Arc<Shared>, n: usize, carry: bool, per_org: usize) -> Result<
     let mut req = s.req.clone();
     req.limit = n;
     req.per_org = per_org;
+    req.wait_lanes = wait;
     req.probe = !s.full.load(Ordering::Relaxed);
     let sent = Instant::now();
     let r = store::claim(s.store.as_ref(), &outcomes, &req).await;

@@ -681,6 +681,7 @@ impl NativeWorker {
             types: types.clone(),
             probe: true,
             per_org: 0,
+            wait_lanes: false,
         };
         Ok(NativeWorker {
             types,
@@ -697,16 +698,18 @@ impl NativeWorker {
     /// Write waiting outcomes and claim up to `n` jobs:
     /// `[(seq, token, org_id, id, type, payload_json, attempt)]`. With `carry` false no
     /// outcomes are written (a second claim in flight); at most `per_org` jobs an
-    /// organization (0: no cap).
-    #[pyo3(signature = (n, carry = true, per_org = 0))]
+    /// organization (0: no cap); with `wait` it waits for the lanes a claim in flight holds
+    /// (Postgres, uncapped: `ClaimRequest::wait_lanes`).
+    #[pyo3(signature = (n, carry = true, per_org = 0, wait = false))]
     fn claim<'py>(
         &self,
         py: Python<'py>,
         n: usize,
         carry: bool,
         per_org: usize,
+        wait: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let fut = self.core()?.shared_claim(n, carry, per_org);
+        let fut = self.core()?.shared_claim(n, carry, per_org, wait);
         spawn(py, async move { Ok(py_jobs(fut.await?)) })
     }
 

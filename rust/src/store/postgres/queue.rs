@@ -60,7 +60,7 @@ pub(super) const PRECHECK: &str = concat!(
 
 /// A claim in one round trip (`gnl_claim`, migration 0002): outcomes (done: $1-$3 and $13
 /// orgs, failed: $4-$7 and $14 orgs), then, when $8, expired leases, then up to $9 due jobs, lanes in turn, claimed with
-/// max_attempts $10, a lease of $11 ms and holder $12 ($9 = 0: no claim), of the types $15, at most $16 an organization (0: no cap; migration 0009). Each outcome is
+/// max_attempts $10, a lease of $11 ms and holder $12 ($9 = 0: no claim), of the types $15, at most $16 an organization (0: no cap; migration 0009; < 0: uncapped, waiting for the lanes a claim in flight holds, migration 0011). Each outcome is
 /// conditional on (seq, token, state running), so a stale holder's late outcome changes
 /// nothing. Called as one statement it is one transaction; inside it every statement takes a
 /// fresh snapshot, so the job claim (after the lane pick) sees every job committed before the
@@ -348,7 +348,8 @@ impl PostgresStore {
                 r.ttl_ms,
                 pg_text(&r.owner),
                 r.types.as_slice(),
-                r.per_org as i64,
+                // Migration 0011: < 0 waits for the lanes (uncapped).
+                if r.wait_lanes { -1 } else { r.per_org as i64 },
             ),
             None => (0, 0, Cow::Borrowed(""), &[][..], 0),
         };

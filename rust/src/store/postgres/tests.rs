@@ -241,6 +241,82 @@ async fn a_claim_never_waits_on_open_transactions() {
     .await;
 }
 
+/// A claim that waits for its lanes (`wait_lanes`, migration 0011) waits where a claim skips:
+/// behind a transaction that holds the lane, then it takes the lane's next jobs in order; two
+/// at once over one lane take consecutive batches; one that finds the lane emptied by the
+/// claim it waited for takes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_waits_for_its_lane_takes_the_next_jobs() {
+    use crate::model::{ClaimRequest, ClaimedJob};
+    with_store(Engine::Postgres, |s, url| async move {
+        let jobs: Vec<_> = (0..40)
+            .map(|i| suite::job("o", &format!("{i:02}")))
+            .collect();
+        s.enqueue(&jobs).await.unwrap();
+        let skip = suite::req(10, 60_000);
+        let wait = ClaimRequest {
+            wait_lanes: true,
+            ..skip.clone()
+        };
+        let ids =
+            |got: &[ClaimedJob]| -> Vec<String> { got.iter().map(|j| j.id.clone()).collect() };
+        let upto =
+            |a: usize, b: usize| -> Vec<String> { (a..b).map(|i| format!("{i:02}")).collect() };
+        // The first claim puts the new lane in the turn (a lane another transaction holds
+        // would stay out of it until a claim can lock it).
+        assert_eq!(ids(&s.claim(&[], &wait).await.unwrap()), upto(0, 10));
+        let pool = side_pool(&url).await;
+        let mut tx = pool.begin().await.unwrap();
+        tx.execute("SELECT org FROM gnl_lanes WHERE org = 'o' FOR UPDATE")
+            .await
+            .unwrap();
+        // A claim skips the held lane; a waiting one is still waiting 300 ms on.
+        assert!(s.claim(&[], &skip).await.unwrap().is_empty());
+        let waiting = {
+            let s = s.clone();
+            let wait = wait.clone();
+            tokio::spawn(async move { s.claim(&[], &wait).await })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(
+            !waiting.is_finished(),
+            "the claim did not wait for the lane"
+        );
+        // One that holds a lane already (a failed outcome puts its job's lane back in the
+        // turn first) skips instead: waiting while holding a lane could deadlock.
+        s.enqueue(&[suite::job("a", "x")]).await.unwrap();
+        let x = s.claim(&[], &skip).await.unwrap();
+        assert_eq!(ids(&x), ["x"]);
+        let retry = [suite::failed(&x[0], "once", 60_000)];
+        let held = tokio::time::timeout(std::time::Duration::from_secs(5), s.claim(&retry, &wait))
+            .await
+            .expect("a claim holding a lane waited for another");
+        assert!(held.unwrap().is_empty());
+        assert!(
+            !waiting.is_finished(),
+            "the claim did not wait for the lane"
+        );
+        tx.commit().await.unwrap();
+        assert_eq!(ids(&waiting.await.unwrap().unwrap()), upto(10, 20));
+        // Two at once: one waits for the other, and they take the next two batches.
+        let (a, b) = tokio::join!(s.claim(&[], &wait), s.claim(&[], &wait));
+        let mut both = [ids(&a.unwrap()), ids(&b.unwrap())];
+        both.sort();
+        assert_eq!(both, [upto(20, 30), upto(30, 40)]);
+        assert!(s.claim(&[], &wait).await.unwrap().is_empty());
+        // Five jobs, two waiting claims of ten: one takes them, the other finds the lane no
+        // longer due (or not yet in the turn) and takes nothing.
+        let few: Vec<_> = (0..5).map(|i| suite::job("p", &format!("{i}"))).collect();
+        s.enqueue(&few).await.unwrap();
+        let (a, b) = tokio::join!(s.claim(&[], &wait), s.claim(&[], &wait));
+        let mut sizes = [a.unwrap().len(), b.unwrap().len()];
+        sizes.sort();
+        assert_eq!(sizes, [0, 5]);
+        pool.close().await;
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_migrations_agree() {
     suite::concurrent_migrations_agree(Engine::Postgres).await;

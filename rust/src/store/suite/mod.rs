@@ -284,6 +284,7 @@ pub(crate) fn req(limit: usize, ttl_ms: i64) -> ClaimRequest {
         types: vec!["t".into()],
         probe: true,
         per_org: 0,
+        wait_lanes: false,
     }
 }
 

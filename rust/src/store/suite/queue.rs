@@ -1185,7 +1185,8 @@ async fn all_jobs(s: &Arc<dyn Store>) -> Vec<JobRow> {
 
 /// A claimer on its own connection, as the worker claims: up to `limit` jobs a call, the
 /// last batch's outcomes (`outcome` of each job) carried by the next call, a deadlock run
-/// again. Stops after `idle` empty claims in a row while `busy()` is false.
+/// again. Stops after `idle` empty claims in a row while `busy()` is false. Odd claimers
+/// wait for the lanes other claims hold (`wait_lanes`, Postgres), even ones skip them.
 async fn claimer(
     url: &str,
     w: usize,
@@ -1209,6 +1210,7 @@ async fn claimer(
             types: vec!["t".into()],
             probe: true,
             per_org: 0,
+            wait_lanes: w % 2 == 1,
         };
         let got = crate::store::claim(store.as_ref(), &finished, &r)
             .await
