@@ -36,6 +36,9 @@ MAX_INT = 2**53
 #: The longest duration accepted, in ms (about ten years; the native core's clamp).
 MAX_DURATION_MS = 315_360_000_000
 
+#: The latest instant accepted, in epoch ms: the end of the year 9999 (as ``run_at``).
+MAX_INSTANT_MS = 253_402_300_799_999
+
 
 def check_int(value: object, name: str, minimum: int, maximum: int = MAX_INT) -> int:
     """Return ``value`` if it is an int in ``[minimum, maximum]``.

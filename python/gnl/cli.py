@@ -156,7 +156,10 @@ async def _open(url: str) -> gnl.Storage:
 def _when(ms: int | None) -> str:
     if ms is None:
         return "—"
-    dt = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    try:
+        dt = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    except (ValueError, OverflowError, OSError):
+        return f"{ms} ms"  # outside the years 1-9999 (written by an older release)
     return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
 
 

@@ -25,7 +25,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from . import _native, _wake
-from ._time import MAX_DURATION_MS, age_ms, check_int, to_ms
+from ._time import MAX_DURATION_MS, MAX_INSTANT_MS, age_ms, check_int, to_ms
 from .durable import _owner
 from .errors import (
     ExecutionRevokedError,
@@ -288,7 +288,13 @@ async def schedule_workflow(
         kind, spec = "every", str(every_ms)
     else:
         assert at is not None
-        kind, spec = "at", str(to_ms(at, "at"))
+        at_ms = to_ms(at, "at")
+        if not 0 <= at_ms <= MAX_INSTANT_MS:
+            # As enqueue's run_at: a microseconds-for-ms slip was stored, then broke listings.
+            raise InvalidArgumentError(
+                f"at must be between 0 and {MAX_INSTANT_MS} epoch ms (year 9999), got {at_ms}"
+            )
+        kind, spec = "at", str(at_ms)
     definition = json.dumps(
         {
             "name": name,
