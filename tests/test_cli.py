@@ -574,10 +574,20 @@ def test_an_empty_name_or_id_argument_is_bad_usage(args: tuple[str, ...], tmp_pa
 
 
 @pytest.mark.parametrize("args", [("jobs", "list", "--all"), ("upgrade",)])
-def test_an_in_memory_store_is_bad_usage(args: tuple[str, ...]) -> None:
-    # `jobs list` advised `gnl upgrade sqlite::memory:`, which created a store and dropped it.
-    err = one_line_error(gnl_cmd(*args, "--url", "sqlite::memory:"), 2)
+@pytest.mark.parametrize("url", ["sqlite::memory:", "sqlite:///:memory:"])
+def test_an_in_memory_store_is_bad_usage(args: tuple[str, ...], url: str) -> None:
+    # `jobs list` advised `gnl upgrade sqlite::memory:`, which created a store and dropped it;
+    # `sqlite:///:memory:` (SQLAlchemy's spelling) was a file name and hung for 30 s.
+    err = one_line_error(gnl_cmd(*args, "--url", url), 2)
     assert "store of one process" in err and "upgrade sqlite::memory:" not in err, err
+
+
+async def test_sqlite_memory_spelled_as_a_path_is_in_memory() -> None:
+    # It opened a database of its own for each pooled connection: the pool timed out (30 s).
+    async with await gnl.connect("sqlite:///:memory:") as st:
+        await gnl.enqueue(st, "t", {"n": 1}, id="a")
+        job = await gnl.get_job(st, "a")
+        assert job is not None and job.state == "pending"
 
 
 def test_an_empty_cancel_reason_is_bad_usage(tmp_path: Path) -> None:

@@ -110,8 +110,12 @@ def _need_url(url: str | None) -> str:
     return url
 
 
+#: The in-memory SQLite URLs (`store/url.rs`).
+_MEMORY_URLS = ("sqlite::memory:", "sqlite://:memory:", "sqlite:///:memory:")
+
+
 def _sqlite_file(url: str) -> str | None:
-    if url in ("sqlite::memory:", "sqlite://:memory:") or not url.startswith("sqlite://"):
+    if url in _MEMORY_URLS or not url.startswith("sqlite://"):
         return None
     rest = url[len("sqlite://") :]
     if "?" in rest:
@@ -129,7 +133,7 @@ def _nonempty_url_arg(url_arg: str | None) -> None:
 def _not_memory(target: str) -> str:
     """An in-memory SQLite store lives in one process: a command can neither see another
     process's nor leave one behind (upgrade would create one and drop it)."""
-    if target in ("sqlite::memory:", "sqlite://:memory:"):
+    if target in _MEMORY_URLS:
         raise click.UsageError(
             f"{target} is a store of one process, gone when it exits: this command cannot "
             "see another's; give a file (sqlite:///jobs.db) or a server"

@@ -90,7 +90,9 @@ pub fn server(socket: Option<&std::path::PathBuf>, host: &str, port: u16) -> Str
 /// Parse a store URL. `sqlite:///x.db` is relative to the working directory,
 /// `sqlite:////x.db` absolute.
 pub fn parse(url: &str) -> Result<Target> {
-    if url == "sqlite::memory:" || url == "sqlite://:memory:" {
+    // `sqlite:///:memory:` too (SQLAlchemy's spelling): as a file name, SQLite opened a
+    // database of its own for every pooled connection and the store's pool timed out.
+    if url == "sqlite::memory:" || url == "sqlite://:memory:" || url == "sqlite:///:memory:" {
         return Ok(Target::Sqlite(SqliteTarget::Memory));
     }
     if let Some(rest) = url.strip_prefix("sqlite://") {
@@ -146,10 +148,9 @@ mod tests {
             parse("sqlite:////abs/x.db").unwrap(),
             Target::Sqlite(SqliteTarget::File("/abs/x.db".into()))
         );
-        assert_eq!(
-            parse("sqlite::memory:").unwrap(),
-            Target::Sqlite(SqliteTarget::Memory)
-        );
+        for memory in ["sqlite::memory:", "sqlite://:memory:", "sqlite:///:memory:"] {
+            assert_eq!(parse(memory).unwrap(), Target::Sqlite(SqliteTarget::Memory));
+        }
     }
 
     #[test]
