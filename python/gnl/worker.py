@@ -819,10 +819,11 @@ class Worker:
         that skipped lanes and came back short, or with two jobs of one organization, met
         the lanes the first one held: the next claims go out alone."""
         n = len(jobs)
-        full = n == c.asked and n > 0
-        orgs = len({j[2] for j in jobs})
-        self._spread = full and orgs == n
-        self._few = full and not self._spread and orgs < _orgs_looked_for(n)
+        # The organizations are counted only for a full claim (on every claim's path).
+        orgs = len({j[2] for j in jobs}) if n == c.asked and n > 0 else 0
+        self._spread = 0 < orgs == n
+        # (Fewer than it looked for is fewer than its jobs: `_orgs_looked_for(n) <= n`.)
+        self._few = 0 < orgs < _orgs_looked_for(n)
         if c.second and not c.wait and not self._spread:
             self._alone = _ALONE
 
