@@ -474,3 +474,93 @@ def test_the_command_line(store_url: Any) -> None:
     assert at == _native.cron_times("0 3 * * *", 0, 3)
     bad = cli("cron", "0 3 * * * *")
     assert bad.returncode == 2 and "CronError" in bad.stderr
+
+
+# -- triggers of workflows the runner does not declare -----------------------------------------
+
+
+async def nop(ctx: gnl.WorkflowContext, input: Any) -> str:
+    return "ok"
+
+
+async def test_a_trigger_of_an_undeclared_workflow_is_left_due_for_a_process_that_declares_it(
+    storage: gnl.Storage, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A rolling deploy, or two apps on one store: a runner that does not declare a trigger's
+    # workflow fired it, failed it as an unknown workflow and, after max_attempts, the trigger
+    # fired no more for the process that declares it. Now it is left as it was.
+    # "Once per process": counted from here (raising=False: absent before the fix).
+    monkeypatch.setattr(gnl.scheduler, "_LEFT", set(), raising=False)
+    old = gnl.create_gnl(storage, {"mine": nop})
+    new = gnl.create_gnl(storage, {"mine": nop, "theirs": nop})
+    await gnl.schedule_workflow(storage, "mine", every_ms=MIN, now_ms=T0)
+    await gnl.schedule_workflow(storage, "theirs", every_ms=MIN, max_attempts=1, now_ms=T0)
+    before = await trigger(storage, "theirs")
+    with caplog.at_level(logging.WARNING, logger="gnl"):
+        res = await gnl.poll_scheduler(storage, old, now_ms=T0 + MIN)
+        assert (res.run_ids, res.failed, res.skipped) == (["sched:mine:0"], 0, 0)
+        for _ in range(2):
+            res = await gnl.poll_scheduler(storage, old, now_ms=T0 + MIN)
+            assert (res.fired, res.skipped) == (0, 0)
+    assert (await trigger(storage, "mine")).fire_count == 1
+    # Untouched: still due, no attempt, no error, no deferral, no run, no fire lock taken.
+    assert await trigger(storage, "theirs") == before
+    assert before.state == "pending" and before.next_run_at == T0 + MIN
+    assert await gnl.get_run(storage, "sched:theirs:0") is None
+    tok = await _native.lock_acquire(storage._native, "sched:theirs:0:fire", "probe", 60_000)
+    assert tok is not None
+    await _native.lock_release(storage._native, "sched:theirs:0:fire", tok)
+    # Said once (not at every poll), naming the trigger and its workflow.
+    said = [r.getMessage() for r in caplog.records if "left for a process" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "trigger 'theirs' fires workflow 'theirs'" in said[0]
+    assert "declared: 'mine'" in said[0]
+    # The process that declares it fires it.
+    res = await gnl.poll_scheduler(storage, new, now_ms=T0 + MIN)
+    assert res.run_ids == ["sched:theirs:0"] and res.failed == 0
+    t = await trigger(storage, "theirs")
+    assert (t.state, t.fire_count, t.attempts) == ("pending", 1, 0)
+
+
+async def test_triggers_left_for_another_process_do_not_crowd_out_the_runners_own(
+    storage: gnl.Storage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The due read goes on to its last page: earlier-due foreign triggers filling the first
+    # pages do not hide this runner's own.
+    monkeypatch.setattr(gnl.scheduler, "_PAGE", 2)
+    for i in range(5):
+        await gnl.schedule_workflow(storage, "theirs", id=f"f{i}", every_ms=MIN, now_ms=T0)
+    await gnl.schedule_workflow(storage, "mine", every_ms=MIN, now_ms=T0 + 1)
+    g = gnl.create_gnl(storage, {"mine": nop})
+    res = await gnl.poll_scheduler(storage, g, now_ms=T0 + MIN + 1)
+    assert res.run_ids == ["sched:mine:0"]
+    assert {t.id: t.attempts for t in await gnl.list_triggers(storage) if t.id != "mine"} == {
+        f"f{i}": 0 for i in range(5)
+    }
+
+
+async def test_a_trigger_left_for_another_process_does_not_keep_the_poll_loop_busy(
+    storage: gnl.Storage,
+) -> None:
+    # It stays due: the loop must back off as after an empty poll, not poll again at once.
+    await gnl.schedule_workflow(storage, "theirs", at=0)
+    await gnl.schedule_workflow(storage, "mine", at=0)
+    s = gnl.create_scheduler(storage, gnl.create_gnl(storage, {"mine": nop}), poll_ms=10)
+    polls = 0
+    poll = s._p.poll
+
+    async def counted(now_ms: int | None, result: gnl.PollResult) -> list[asyncio.Task[None]]:
+        nonlocal polls
+        polls += 1
+        return await poll(now_ms, result)
+
+    s._p.poll = counted  # type: ignore[method-assign]
+    s.start()
+    await asyncio.sleep(1.0)
+    await s.stop()
+    assert s.totals.run_ids == ["sched:mine:0"]
+    # Backing off 10 -> 20 -> 40 ms (max_poll_ms = poll_ms * 4): ~27 polls in 1 s; a loop
+    # woken at once by the due trigger would poll hundreds of times.
+    assert 5 <= polls <= 45, polls
+    t = await trigger(storage, "theirs")
+    assert (t.state, t.attempts, t.fire_count) == ("pending", 0, 0)

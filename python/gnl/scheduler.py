@@ -19,7 +19,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -69,7 +69,12 @@ _BACKOFF_MAX_MS = 60_000
 
 
 class Runner(Protocol):
-    """What a poll calls: ``gnl.create_gnl(...)`` returns one."""
+    """What a poll calls: ``gnl.create_gnl(...)`` returns one.
+
+    A runner that also has a ``workflows`` mapping (``gnl.create_gnl``'s has) is handed only
+    the triggers of those workflows: a due trigger of another workflow is left as it is, due,
+    for a process whose runner declares it (logged once per trigger and process).
+    """
 
     async def run_workflow(
         self,
@@ -451,6 +456,31 @@ def _check_poll_args(concurrency: int | None, lock_ttl_ms: int, retry_ms: int) -
     check_int(retry_ms, "retry_ms", 1, MAX_DURATION_MS)
 
 
+def _declared(runner: Runner) -> Collection[str] | None:
+    """The workflow names ``runner`` declares (a ``workflows`` mapping, as
+    :func:`gnl.create_gnl`'s runner has), or None: a runner that does not say is handed every
+    due trigger."""
+    workflows = getattr(runner, "workflows", None)
+    return workflows if isinstance(workflows, Mapping) else None
+
+
+#: The (trigger id, workflow) pairs this process left for another one, each logged once.
+_LEFT: set[tuple[str, str]] = set()
+
+
+def _leave(r: _native.RawTrigger, declared: Collection[str]) -> None:
+    if (r.id, r.name) in _LEFT:
+        return
+    _LEFT.add((r.id, r.name))
+    log.warning(
+        "gnl scheduler: trigger %r fires workflow %r, which this process does not declare "
+        "(declared: %s): left for a process that declares it (nothing is fired or spent)",
+        r.id,
+        r.name,
+        ", ".join(repr(k) for k in sorted(declared)) or "none",
+    )
+
+
 class _Poller:
     """The fires of one poller: its runner, options, in-flight fires and concurrency cap."""
 
@@ -490,10 +520,20 @@ class _Poller:
         return now, [r for r in out if r.id not in self.inflight]
 
     async def poll(self, now_ms: int | None, result: PollResult) -> list[asyncio.Task[None]]:
-        """Start a fire for every due trigger; returns their tasks."""
+        """Start a fire for every due trigger of a workflow the runner declares; returns their
+        tasks."""
         now, rows = await self.due(now_ms)
+        declared = _declared(self.runner)
         tasks = []
         for r in rows:
+            if declared is not None and r.name not in declared:
+                # Another app's, or a newer deploy's: its fire would fail as an unknown
+                # workflow and spend the trigger's attempts. Left due, untouched (no lock, no
+                # write) for a process that declares it, as the waker leaves such runs. The
+                # due read is not capped (keyset pages to the end), so such triggers cannot
+                # crowd out this runner's own.
+                _leave(r, declared)
+                continue
             t = asyncio.create_task(self._fire_capped(r, now, result))
             self.inflight[r.id] = t
             t.add_done_callback(self._landed(r.id))
@@ -748,7 +788,9 @@ async def poll_scheduler(
     Args:
         journal: The store.
         runner: An object with ``async run_workflow(name, *, run_id, input, scheduled_for,
-            signal)`` (``gnl.create_gnl(...)`` returns one).
+            signal)`` (``gnl.create_gnl(...)`` returns one). When it has a ``workflows``
+            mapping (as ``create_gnl``'s runner), a due trigger of a workflow not in it is not
+            fired nor counted: it stays due for a process that declares that workflow.
         concurrency: At most this many fires at once (default: no cap).
         lock_ttl_ms: The fire lock's TTL (ms >= 3), renewed every third of it.
         retry_ms: How long a busy run (``RunBusyError(at_lock_acquisition=True)``) defers
