@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -447,6 +448,67 @@ def test_declarations_are_checked_when_declared() -> None:
     lone.schedule("nightly", every_ms=1_000)
     with pytest.raises(gnl.AppError, match="workflow 'nightly'.*declared: none"):
         asyncio.run(lone.serve(stop=asyncio.Event()))
+
+
+BAD_SCHEDULES: list[dict[str, Any]] = [
+    {"every_ms": 1_000, "misfire": "sometimes"},
+    {"every_ms": 1_000, "misfire": 3},
+    {"every_ms": 1_000, "misfire": "catchup", "max_catchup": 0},
+    {"every_ms": 1_000, "max_catchup": 2},
+    {"every_ms": 1_000, "misfire_grace_ms": -1},
+    {"every_ms": 1_000, "max_attempts": 0},
+    {"every_ms": 1_000, "max_attempts": "5"},
+    {"every_ms": 0},
+    {"at": 10**15},
+    {"at": datetime(2030, 1, 1)},
+    {"at": "tomorrow"},
+    {"cron": "*/5 * * *"},
+    {"cron": "0 3 * * *", "every_ms": 1_000},
+]
+
+
+@pytest.mark.parametrize("kwargs", BAD_SCHEDULES, ids=[str(k) for k in BAD_SCHEDULES])
+async def test_a_bad_schedule_option_raises_at_declaration_what_the_start_would(
+    storage: gnl.Storage, kwargs: dict[str, Any]
+) -> None:
+    # They raised only at `gnl run`; now the declaration raises schedule_workflow's own error
+    # (the same type and message, naming the option), and nothing is declared or written.
+    with pytest.raises((gnl.InvalidArgumentError, TypeError)) as runtime:
+        await gnl.schedule_workflow(storage, "wf", **kwargs)
+    app = gnl.App()
+    with pytest.raises(type(runtime.value)) as declared:
+        app.schedule("wf", **kwargs)
+    assert str(declared.value) == str(runtime.value)
+    assert app.schedules == [] and await gnl.list_triggers(storage) == []
+
+
+BAD_CONSUMERS: list[dict[str, Any]] = [
+    {"max_attempts": 0},
+    {"max_attempts": 1.5},
+    {"max_attempts": True},
+    {"lease_ms": 2},
+    {"lease_ms": "30s"},
+    {"max_hold_ms": 0},
+    {"retry_delay_ms": -1},
+    {"poll_ms": 0},
+    {"poll_ms": 100, "max_poll_ms": 50},
+]
+
+
+@pytest.mark.parametrize("kwargs", BAD_CONSUMERS, ids=[str(k) for k in BAD_CONSUMERS])
+async def test_a_bad_consumer_option_raises_at_declaration_what_the_start_would(
+    storage: gnl.Storage, kwargs: dict[str, Any]
+) -> None:
+    # They raised only at `gnl run`, after the worker and the scheduler had started.
+    async def h(payload: Any, meta: gnl.EventMeta) -> None: ...
+
+    with pytest.raises((gnl.InvalidArgumentError, TypeError)) as runtime:
+        gnl.create_consumer(storage.work, "orders", h, name="billing", **kwargs)
+    app = gnl.App()
+    with pytest.raises(type(runtime.value)) as declared:
+        app.consumer("orders", "billing", **kwargs)
+    assert str(declared.value) == str(runtime.value)
+    assert app.consumers == []
 
 
 async def test_serve_in_process(store_url: Callable[[], str]) -> None:

@@ -38,11 +38,18 @@ from .errors import (
     TriggerConflictError,
     UnsupportedStoreError,
 )
-from .events import Consumer, EventMeta, create_consumer
-from .scheduler import Scheduler, create_scheduler, list_triggers, schedule_workflow
+from .events import Consumer, EventMeta, _check_consumer, create_consumer
+from .scheduler import (
+    Scheduler,
+    _definition,
+    create_scheduler,
+    list_triggers,
+    schedule_workflow,
+)
 from .signal import RevocationSignal
 from .storage import Storage, connect
 from .worker import Handler, JobContext, RetryDelay, Worker, create_worker
+from .worker import _check_options as _check_worker_options
 
 __all__ = ["ROLES", "App", "AppError", "load_app"]
 
@@ -261,7 +268,7 @@ class App:
             "max_poll_ms": max_poll_ms,
             "retry_delay_ms": retry_delay_ms,
         }
-        # The worker's own checks, on a throwaway handler map: no store is needed for them.
+        # create_worker's own checks (no I/O): the same error for the same value.
         _check_worker_options(options)
 
         def decorate(fn: F) -> F:
@@ -327,29 +334,14 @@ class App:
         Raises:
             TypeError: an argument of the wrong type.
             InvalidArgumentError: an id declared twice, or what
-                :func:`gnl.schedule_workflow` refuses before any I/O.
+                :func:`gnl.schedule_workflow` refuses before any I/O (a bad ``misfire``,
+                ``max_catchup``, ``misfire_grace_ms``, ``max_attempts``, ``at``, ...), with
+                the same error; :class:`~gnl.CronError` for a refused expression.
         """
         _check_name(workflow, "workflow")
         trigger_id = workflow if id is None else _check_name(id, "id")
         if trigger_id in self._schedules:
             raise InvalidArgumentError(f"schedule {trigger_id!r} is declared twice")
-        given = [
-            k for k, v in (("cron", cron), ("every_ms", every_ms), ("at", at)) if v is not None
-        ]
-        if len(given) != 1:
-            raise InvalidArgumentError("exactly one of cron, every_ms, at must be given")
-        if cron is not None:
-            from . import _native
-
-            _check_name(cron, "cron")
-            _native.next_cron_time(cron, 0)  # CronError naming the field
-        if every_ms is not None:
-            check_int(every_ms, "every_ms", 1, MAX_DURATION_MS)
-        if input is not None:
-            from . import _native
-
-            # TypeError / ValueError naming the schedule, at declaration (not at `gnl run`).
-            _native.encode_json(input, f"the input of schedule {trigger_id!r}")
         kwargs = {
             "id": trigger_id,
             "cron": cron,
@@ -361,6 +353,9 @@ class App:
             "input": input,
             "max_attempts": max_attempts,
         }
+        # schedule_workflow's own checks (no I/O): a bad value raises here what `gnl run`
+        # would raise, with the input named by its schedule.
+        _definition(workflow, **kwargs, input_what=f"the input of schedule {trigger_id!r}")
         self._schedules[trigger_id] = _ScheduleDecl(workflow, kwargs)
         return trigger_id
 
@@ -382,7 +377,9 @@ class App:
 
         Raises:
             TypeError: an argument of the wrong type.
-            InvalidArgumentError: a (topic, name) declared twice, or a bad option.
+            InvalidArgumentError: a (topic, name) declared twice, or what
+                :func:`gnl.create_consumer` refuses (a bad ``max_attempts``, ``lease_ms``,
+                ...), with the same error, at declaration.
         """
         _check_name(topic, "topic")
         _check_name(name, "name")
@@ -396,6 +393,9 @@ class App:
             "poll_ms": poll_ms,
             "max_poll_ms": max_poll_ms,
         }
+        # create_consumer's own checks (no I/O): a bad option raises here what `gnl run` would
+        # raise, before any role is started.
+        _check_consumer(topic, name, options)
 
         def decorate(fn: F) -> F:
             require_async(fn, f"the handler of consumer {name!r}")
@@ -675,20 +675,6 @@ def _roles(only: Iterable[str] | None) -> frozenset[str]:
             f"the roles are {', '.join(ROLES)}"
         )
     return roles
-
-
-def _check_worker_options(options: dict[str, Any]) -> None:
-    check_int(options["concurrency"], "concurrency", 1, 10_000)
-    check_int(options["ttl_ms"], "ttl_ms", 3, MAX_DURATION_MS)
-    check_int(options["max_attempts"], "max_attempts", 1, 1_000_000)
-    if options["max_hold_ms"] is not None:
-        check_int(options["max_hold_ms"], "max_hold_ms", 1, MAX_DURATION_MS)
-    check_int(options["poll_ms"], "poll_ms", 1, MAX_DURATION_MS)
-    if options["max_poll_ms"] is not None:
-        check_int(options["max_poll_ms"], "max_poll_ms", options["poll_ms"], MAX_DURATION_MS)
-    d = options["retry_delay_ms"]
-    if d is not None and not callable(d):
-        check_int(d, "retry_delay_ms", 0, MAX_DURATION_MS)
 
 
 async def _wait(stop: asyncio.Event, ms: int) -> bool:

@@ -718,7 +718,28 @@ def create_consumer(
     """
     _strs(topic=topic, name=name)
     require_async(handler, f"the handler of consumer {name!r}")
+    options: dict[str, Any] = {
+        "max_attempts": max_attempts,
+        "retry_delay_ms": retry_delay_ms,
+        "max_hold_ms": max_hold_ms,
+        "lease_ms": lease_ms,
+        "poll_ms": poll_ms,
+        "max_poll_ms": max_poll_ms,
+    }
+    _check_consumer(topic, name, options)
+    return Consumer(work, topic, handler, name=name, **options)
+
+
+def _check_consumer(topic: str, name: str, options: Mapping[str, Any]) -> None:
+    """:func:`create_consumer`'s checks of a consumer's key and ``options`` (its keyword
+    arguments after ``name``), without I/O: also what ``App.consumer`` checks at declaration
+    (one set of rules, one set of errors)."""
     _native.event_lease_key(topic, name)  # checks topic and name
+    max_attempts = options["max_attempts"]
+    retry_delay_ms = options["retry_delay_ms"]
+    max_hold_ms = options["max_hold_ms"]
+    poll_ms = options["poll_ms"]
+    max_poll_ms = options["max_poll_ms"]
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, (int, float)):
         raise TypeError(
             f"max_attempts must be an int or math.inf, not {type(max_attempts).__name__}"
@@ -731,19 +752,7 @@ def create_consumer(
         check_int(retry_delay_ms, "retry_delay_ms", 0, MAX_DURATION_MS)
     if max_hold_ms is not None:
         check_int(max_hold_ms, "max_hold_ms", 1, MAX_DURATION_MS)
-    check_int(lease_ms, "lease_ms", 3, MAX_DURATION_MS)
+    check_int(options["lease_ms"], "lease_ms", 3, MAX_DURATION_MS)
     check_int(poll_ms, "poll_ms", 1, MAX_DURATION_MS)
     if max_poll_ms is not None:
         check_int(max_poll_ms, "max_poll_ms", poll_ms, MAX_DURATION_MS)
-    return Consumer(
-        work,
-        topic,
-        handler,
-        name=name,
-        max_attempts=max_attempts,
-        retry_delay_ms=retry_delay_ms,
-        max_hold_ms=max_hold_ms,
-        lease_ms=lease_ms,
-        poll_ms=poll_ms,
-        max_poll_ms=max_poll_ms,
-    )

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from . import _native, _wake
 from ._time import MAX_DURATION_MS, MAX_INSTANT_MS, age_ms, check_int, to_ms
@@ -249,69 +249,21 @@ async def schedule_workflow(
         TypeError: an argument of the wrong type, or ``input`` is not JSON.
         TriggerConflictError: ``id`` is registered with another definition (unschedule it).
     """
-    if not isinstance(name, str):
-        raise TypeError(f"name must be a str, not {type(name).__name__}")
-    if not name:
-        # Checked here, before ``id`` defaults to it: the empty thing is the name.
-        raise InvalidArgumentError("name (the workflow to fire) must be a non-empty string")
-    if id is None:
-        id = name
-    if not isinstance(id, str):
-        raise TypeError(f"id must be a str, not {type(id).__name__}")
-    given = [k for k, v in (("cron", cron), ("every_ms", every_ms), ("at", at)) if v is not None]
-    if len(given) != 1:
-        raise InvalidArgumentError(
-            "exactly one of cron, every_ms, at must be given"
-            + (f"; got {', '.join(given)}" if given else "")
-        )
-    if not isinstance(misfire, str):
-        raise TypeError(f"misfire must be a str, not {type(misfire).__name__}")
-    if misfire not in MISFIRE_POLICIES:
-        raise InvalidArgumentError(
-            f"misfire must be one of {', '.join(MISFIRE_POLICIES)}, got {misfire!r}"
-        )
-    if max_catchup is not None:
-        check_int(max_catchup, "max_catchup", 1)
-        if misfire != "catchup":
-            raise InvalidArgumentError(
-                f"max_catchup only applies to misfire='catchup', not {misfire!r}"
-            )
-    check_int(misfire_grace_ms, "misfire_grace_ms", 0, MAX_DURATION_MS)
-    check_int(max_attempts, "max_attempts", 1)
     if now_ms is not None:
         check_int(now_ms, "now_ms", 0)
-    input_json = None if input is None else _native.encode_json(input, "input")
-    kind: str
-    spec: str
-    if cron is not None:
-        if not isinstance(cron, str):
-            raise TypeError(f"cron must be a str, not {type(cron).__name__}")
-        _native.next_cron_time(cron, 0)  # CronError naming the field, before any I/O
-        kind, spec = "cron", cron
-    elif every_ms is not None:
-        check_int(every_ms, "every_ms", 1, MAX_DURATION_MS)
-        kind, spec = "every", str(every_ms)
-    else:
-        assert at is not None
-        at_ms = to_ms(at, "at")
-        if not 0 <= at_ms <= MAX_INSTANT_MS:
-            # As enqueue's run_at: a microseconds-for-ms slip was stored, then broke listings.
-            raise InvalidArgumentError(
-                f"at must be between 0 and {MAX_INSTANT_MS} epoch ms (year 9999), got {at_ms}"
-            )
-        kind, spec = "at", str(at_ms)
-    definition = json.dumps(
-        {
-            "name": name,
-            "kind": kind,
-            "spec": spec,
-            "misfire": misfire,
-            "max_catchup": max_catchup,
-            "misfire_grace_ms": misfire_grace_ms,
-            "input": input_json,
-            "max_attempts": max_attempts,
-        },
-        sort_keys=True,
+    # The definition's checks, before any I/O (App.schedule makes the same at declaration).
+    id, kind, spec, input_json, definition = _definition(
+        name,
+        id,
+        cron,
+        every_ms,
+        at,
+        misfire,
+        max_catchup,
+        misfire_grace_ms,
+        input,
+        max_attempts,
+        "input",
     )
     native = native_of(journal, "journal")
     anchor = now_ms if now_ms is not None else await native.now_ms()
@@ -351,6 +303,98 @@ async def schedule_workflow(
             f"({_changes(row.definition, definition)}); unschedule it first to change it"
         )
     return id
+
+
+class _Definition(NamedTuple):
+    """A trigger's definition, checked (:func:`_definition`)."""
+
+    id: str
+    kind: str
+    spec: str
+    input_json: str | None
+    #: The canonical JSON a second registration of the id is compared against.
+    text: str
+
+
+def _definition(
+    name: str,
+    id: str | None,
+    cron: str | None,
+    every_ms: int | None,
+    at: int | datetime | None,
+    misfire: str,
+    max_catchup: int | None,
+    misfire_grace_ms: int,
+    input: Any,
+    max_attempts: int,
+    input_what: str,
+) -> _Definition:
+    """Check :func:`schedule_workflow`'s definition arguments, without I/O (also what
+    ``App.schedule`` checks at declaration: one set of rules, one set of errors);
+    ``input_what`` names the input in its error."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, not {type(name).__name__}")
+    if not name:
+        # Checked here, before ``id`` defaults to it: the empty thing is the name.
+        raise InvalidArgumentError("name (the workflow to fire) must be a non-empty string")
+    if id is None:
+        id = name
+    if not isinstance(id, str):
+        raise TypeError(f"id must be a str, not {type(id).__name__}")
+    given = [k for k, v in (("cron", cron), ("every_ms", every_ms), ("at", at)) if v is not None]
+    if len(given) != 1:
+        raise InvalidArgumentError(
+            "exactly one of cron, every_ms, at must be given"
+            + (f"; got {', '.join(given)}" if given else "")
+        )
+    if not isinstance(misfire, str):
+        raise TypeError(f"misfire must be a str, not {type(misfire).__name__}")
+    if misfire not in MISFIRE_POLICIES:
+        raise InvalidArgumentError(
+            f"misfire must be one of {', '.join(MISFIRE_POLICIES)}, got {misfire!r}"
+        )
+    if max_catchup is not None:
+        check_int(max_catchup, "max_catchup", 1)
+        if misfire != "catchup":
+            raise InvalidArgumentError(
+                f"max_catchup only applies to misfire='catchup', not {misfire!r}"
+            )
+    check_int(misfire_grace_ms, "misfire_grace_ms", 0, MAX_DURATION_MS)
+    check_int(max_attempts, "max_attempts", 1)
+    input_json = None if input is None else _native.encode_json(input, input_what)
+    kind: str
+    spec: str
+    if cron is not None:
+        if not isinstance(cron, str):
+            raise TypeError(f"cron must be a str, not {type(cron).__name__}")
+        _native.next_cron_time(cron, 0)  # CronError naming the field, before any I/O
+        kind, spec = "cron", cron
+    elif every_ms is not None:
+        check_int(every_ms, "every_ms", 1, MAX_DURATION_MS)
+        kind, spec = "every", str(every_ms)
+    else:
+        assert at is not None
+        at_ms = to_ms(at, "at")
+        if not 0 <= at_ms <= MAX_INSTANT_MS:
+            # As enqueue's run_at: a microseconds-for-ms slip was stored, then broke listings.
+            raise InvalidArgumentError(
+                f"at must be between 0 and {MAX_INSTANT_MS} epoch ms (year 9999), got {at_ms}"
+            )
+        kind, spec = "at", str(at_ms)
+    text = json.dumps(
+        {
+            "name": name,
+            "kind": kind,
+            "spec": spec,
+            "misfire": misfire,
+            "max_catchup": max_catchup,
+            "misfire_grace_ms": misfire_grace_ms,
+            "input": input_json,
+            "max_attempts": max_attempts,
+        },
+        sort_keys=True,
+    )
+    return _Definition(id, kind, spec, input_json, text)
 
 
 async def _fires_past(native: _native.NativeStore, id: str) -> int:

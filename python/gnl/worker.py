@@ -1305,30 +1305,36 @@ def create_worker(
                 "handler keys must be non-empty job types (no job has type '')"
             )
         require_async(h, f"the handler for {k!r}")
-    check_int(ttl_ms, "ttl_ms", 3, MAX_DURATION_MS)
-    check_int(max_attempts, "max_attempts", 1, 1_000_000)
-    if max_hold_ms is not None:
-        check_int(max_hold_ms, "max_hold_ms", 1, MAX_DURATION_MS)
-    check_int(concurrency, "concurrency", 1, 10_000)
-    check_int(poll_ms, "poll_ms", 1, MAX_DURATION_MS)
-    if max_poll_ms is not None:
-        check_int(max_poll_ms, "max_poll_ms", poll_ms, MAX_DURATION_MS)
-    if retry_delay_ms is not None and not callable(retry_delay_ms):
-        check_int(retry_delay_ms, "retry_delay_ms", 0, MAX_DURATION_MS)
+    options: dict[str, Any] = {
+        "ttl_ms": ttl_ms,
+        "max_attempts": max_attempts,
+        "max_hold_ms": max_hold_ms,
+        "concurrency": concurrency,
+        "poll_ms": poll_ms,
+        "max_poll_ms": max_poll_ms,
+        "retry_delay_ms": retry_delay_ms,
+    }
+    _check_options(options)
     if name is not None:
         if not isinstance(name, str):
             raise TypeError(f"name must be a str, not {type(name).__name__}")
         if not name:
             raise InvalidArgumentError("name must be a non-empty string")
-    return Worker(
-        st,
-        handlers,
-        ttl_ms=ttl_ms,
-        max_attempts=max_attempts,
-        max_hold_ms=max_hold_ms,
-        concurrency=concurrency,
-        poll_ms=poll_ms,
-        max_poll_ms=max_poll_ms,
-        retry_delay_ms=retry_delay_ms,
-        name=name,
-    )
+    return Worker(st, handlers, name=name, **options)
+
+
+def _check_options(options: Mapping[str, Any]) -> None:
+    """:func:`create_worker`'s checks of a worker's ``options`` (its keyword arguments but
+    ``name``), without I/O: also what ``App.job`` checks at declaration (one set of rules, one
+    set of errors)."""
+    check_int(options["ttl_ms"], "ttl_ms", 3, MAX_DURATION_MS)
+    check_int(options["max_attempts"], "max_attempts", 1, 1_000_000)
+    if options["max_hold_ms"] is not None:
+        check_int(options["max_hold_ms"], "max_hold_ms", 1, MAX_DURATION_MS)
+    check_int(options["concurrency"], "concurrency", 1, 10_000)
+    poll_ms = check_int(options["poll_ms"], "poll_ms", 1, MAX_DURATION_MS)
+    if options["max_poll_ms"] is not None:
+        check_int(options["max_poll_ms"], "max_poll_ms", poll_ms, MAX_DURATION_MS)
+    d = options["retry_delay_ms"]
+    if d is not None and not callable(d):
+        check_int(d, "retry_delay_ms", 0, MAX_DURATION_MS)
