@@ -95,11 +95,11 @@ class ClaimProbe:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._native, name)
 
-    def claim(self, n: int, carry: bool = True, per_org: int = 0) -> Any:
+    def claim(self, n: int, carry: bool = True, per_org: int = 0, wait: bool = False) -> Any:
         # The claim goes out now, as the native one does (a coroutine would go out only when
         # awaited: a worker's second claim in flight would wait for the first).
         t0 = time.perf_counter()
-        fut = self._native.claim(n, carry, per_org)
+        fut = self._native.claim(n, carry, per_org, wait)
 
         async def answer() -> Any:
             jobs = await fut

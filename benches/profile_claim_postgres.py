@@ -46,6 +46,9 @@ ORGS = c.env_ints("ORGS", "1000")
 ROUNDS = c.env_int("ROUNDS", 2)
 VARIANTS = os.environ.get("VARIANTS", "current").split(",")
 EXPLAIN = os.environ.get("EXPLAIN", "") == "1"
+#: The claim's per_org argument (0: a quantum at a time; 1: one job an organization, as a
+#: worker's claims over many organizations with two in flight).
+PER_ORG = c.env_int("PER_ORG", 0)
 SCHEMA = f"profclaim_{os.getpid()}"
 SQL = {v: Path(v).read_text() for v in VARIANTS if v != "current"}
 
@@ -64,7 +67,7 @@ DROP_9 = (
 def claim_sql(variant: str) -> str:
     """The claim call for a variant: with per_org 0 when its function takes it."""
     if variant == "current" or "per_org" in SQL[variant]:
-        return f"SELECT * FROM gnl_claim({CLAIM_ARGS}, 0)"
+        return f"SELECT * FROM gnl_claim({CLAIM_ARGS}, {PER_ORG})"
     return f"SELECT * FROM gnl_claim({CLAIM_ARGS})"
 
 
@@ -135,7 +138,13 @@ async def drain(orgs: int, variant: str) -> tuple[list[float], list[int]]:
 
 async def main() -> None:
     c.header(
-        "claim server time per lane, Postgres", anchor=False, N=N, C=C, ORGS=ORGS, VARIANTS=VARIANTS
+        "claim server time per lane, Postgres",
+        anchor=False,
+        N=N,
+        C=C,
+        ORGS=ORGS,
+        PER_ORG=PER_ORG,
+        VARIANTS=VARIANTS,
     )
     got: dict[tuple[int, str], list[float]] = {}
     try:
