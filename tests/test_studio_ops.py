@@ -46,6 +46,12 @@ async def _fill_ops(url: str) -> None:
         native = st._native
         await _native.run_start(native, "stuck", "done", None, None, None, "dead:1:x", None)
         await _native.step_intent(native, "stuck", "pay", 0, 0, 99)
+        # A run whose process died (a 3 ms lease never renewed) and a suspended run two
+        # minutes past its wake-up with no waker: both are marked stuck on the runs pages.
+        now = await st.now_ms()
+        await _native.run_start(native, "lapsed", "done", None, None, None, "gone:1:x", 3)
+        await _native.run_start(native, "overdue", "done", None, None, None, "gone:1:x", 3)
+        assert await _native.run_suspend(native, "overdue", now - 120_000)
 
         await gnl.schedule_workflow(st, "done", id="nightly", cron="0 3 * * *")
         await gnl.schedule_workflow(st, "done", id="often", every_ms=60_000)
@@ -114,7 +120,7 @@ def test_the_runs_page_pages_by_cursor_and_shows_steps(studio: Studio) -> None:
         if nxt is None:
             break
         path = unescape(nxt.group(1))
-    assert len(seen) == len(set(seen)) == RUNS + 2
+    assert len(seen) == len(set(seen)) == RUNS + 4
     assert seen[-1] == "run-000" and "bad-run" in seen
     failed = c.get("/runs?state=failed")
     assert _ids(r'<a href="/run\?id=[^"]+">([^<]+)</a>', failed.text) == ["bad-run"]
@@ -130,6 +136,24 @@ def test_the_runs_page_pages_by_cursor_and_shows_steps(studio: Studio) -> None:
     bad = c.get("/run?id=bad-run")
     _inert(bad.text)
     assert "&lt;script&gt;" in bad.text
+
+
+def test_the_runs_pages_mark_runs_that_no_process_executes_or_wakes(studio: Studio) -> None:
+    c = Client(studio.port, token=VIEWER)
+    rows = {
+        unescape(m.group(1)): m.group(2)
+        for m in re.finditer(
+            r'<a href="/run\?id=[^"]+">([^<]+)</a></td>\s*<td>[^<]*</td>\s*<td>(.*?)</td>',
+            c.get("/runs").text,
+        )
+    }
+    assert "stuck: lease expired" in rows["lapsed"], rows["lapsed"]
+    assert "stuck: overdue" in rows["overdue"], rows["overdue"]
+    # A run whose execution holds no lease of its own (a job's run: "stuck" here) and the
+    # finished ones are not marked.
+    assert "stuck:" not in rows["stuck"] + rows["run-056"] + rows["bad-run"]
+    assert "stuck: lease expired" in c.get("/run?id=lapsed").text
+    assert "stuck:" not in c.get("/run?id=run-001").text
 
 
 def test_an_admin_resolves_an_intent_step_and_it_is_audited(ops_url: str, studio: Studio) -> None:

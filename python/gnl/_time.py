@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from datetime import datetime
 
+from . import _native
 from .errors import InvalidArgumentError
 
 
@@ -36,8 +37,9 @@ MAX_INT = 2**53
 #: The longest duration accepted, in ms (about ten years; the native core's clamp).
 MAX_DURATION_MS = 315_360_000_000
 
-#: The latest instant accepted, in epoch ms: the end of the year 9999 (as ``run_at``).
-MAX_INSTANT_MS = 253_402_300_799_999
+#: The latest instant accepted, in epoch ms: the end of the year 9999 (the native core's
+#: limit for ``run_at``).
+MAX_INSTANT_MS: int = _native.MAX_INSTANT_MS
 
 
 def check_int(value: object, name: str, minimum: int, maximum: int = MAX_INT) -> int:

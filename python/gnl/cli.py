@@ -763,7 +763,7 @@ def runs_list(
             # `gnl runs show RUN_ID --json` has them.
             d = _run_dict(run)
             del d["steps"]
-            d["stuck"] = _stuck(run, now) is not None
+            d["stuck"] = run.stuck(now) is not None
             click.echo(json.dumps(d, ensure_ascii=False))
         return
     console = Console()
@@ -784,27 +784,12 @@ def runs_list(
         table.add_row(
             escape(run.run_id),
             escape(run.workflow),
-            run.state + (f", {why}" if (why := _stuck(run, now)) else ""),
+            run.state + (f", {why}" if (why := run.stuck(now)) else ""),
             _cell_time(run.created_at),
             _cell_time(run.wake_at if run.state == "suspended" else run.lease_expires_at),
             escape(_short(run.error)),
         )
     _print_table(console, table)
-
-
-#: How long past its wake-up time a suspended run is listed as stuck: wakers claim due runs
-#: every ``interval_ms`` (1 s by default), so a minute means none is running for it.
-_OVERDUE_MS = 60_000
-
-
-def _stuck(run: gnl.RunInfo, now: int) -> str | None:
-    """Why no process is executing or waking ``run`` at the store's time ``now`` (epoch ms),
-    or None: a running run whose lease expired, a suspended run a minute past its wake-up."""
-    if run.state == "running" and run.lease_expires_at is not None and run.lease_expires_at < now:
-        return "stuck: lease expired"
-    if run.state == "suspended" and run.wake_at is not None and run.wake_at < now - _OVERDUE_MS:
-        return "stuck: overdue"
-    return None
 
 
 @runs.command("show", epilog=_ex("gnl runs show sched:nightly:12 --json"))
@@ -822,7 +807,7 @@ def runs_show(run_id: str, url: str | None, as_json: bool) -> None:
     run, now = _run(go)
     if run is None:
         _fail(f"no run {run_id!r}", 1)
-    why = _stuck(run, now)
+    why = run.stuck(now)
     if as_json:
         click.echo(json.dumps(_run_dict(run) | {"stuck": why is not None}, ensure_ascii=False))
         return

@@ -169,6 +169,34 @@ class RunInfo:
     updated_at: int
     steps: tuple[StepInfo, ...] = ()
 
+    def stuck(self, now_ms: int) -> str | None:
+        """Why no process is executing or waking this run, or None.
+
+        A ``running`` run whose lease lapsed (its process died or stalls: a waker takes it
+        over, which it would have done within its poll if one were running) is
+        ``"stuck: lease expired"``; a ``suspended`` run more than a minute past its wake-up
+        (wakers claim due runs every second by default) is ``"stuck: overdue"``. ``gnl runs
+        list|show`` and Studio's runs pages show the mark.
+
+        Args:
+            now_ms: The store's time (:meth:`Storage.now_ms`), epoch ms UTC.
+
+        Returns:
+            ``"stuck: lease expired"``, ``"stuck: overdue"`` or None.
+        """
+        if self.state == "running" and self.lease_expires_at is not None:
+            if self.lease_expires_at < now_ms:
+                return "stuck: lease expired"
+        if self.state == "suspended" and self.wake_at is not None:
+            if self.wake_at < now_ms - _OVERDUE_MS:
+                return "stuck: overdue"
+        return None
+
+
+#: How long past its wake-up a suspended run is marked stuck (``RunInfo.stuck``): wakers
+#: claim due runs every ``interval_ms`` (1 s by default), so a minute means none is running.
+_OVERDUE_MS = 60_000
+
 
 #: json's C scanner without ``json.loads``'s whitespace handling (recorded JSON is gnl's
 #: own compact text): a replayed step decodes its result in a fraction of the time.

@@ -69,9 +69,10 @@ class _Claim(NamedTuple):
 
 def _orgs_looked_for(limit: int) -> int:
     """How many organizations a Postgres claim of ``limit`` jobs looks for in its first pass
-    (migration 0010's quantum: ceil(limit / 4), at least 16, at most ``limit``): a full claim
-    whose jobs came from fewer took every due lane it found."""
-    return min(limit, max(16, -(-limit // 4)))
+    (migration 0010's quantum, the native core's ``first_pass_orgs``: ceil(limit / 4), at
+    least 16, at most ``limit``): a full claim whose jobs came from fewer took every due lane
+    it found."""
+    return _native.first_pass_orgs(limit, 0)
 
 
 def _done(fut: Awaitable[Any]) -> bool:

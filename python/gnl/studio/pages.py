@@ -81,6 +81,8 @@ class Pages:
             error = str(e)
         return {
             "runs": page.items,
+            # The store's time, for the runs no process is executing or waking (RunInfo.stuck).
+            "now": await self.store.now_ms(),
             "state": state or "",
             "workflow": workflow or "",
             "cursor": cursor or "",
@@ -107,7 +109,8 @@ class Pages:
             except gnl.InvalidArgumentError:
                 run = None
         status = 200 if run is not None else 404
-        return self.studio.render(request, "run.html", status, run=run, run_id=run_id)
+        now = await self.store.now_ms()
+        return self.studio.render(request, "run.html", status, run=run, run_id=run_id, now=now)
 
     async def resolve(self, request: Request) -> Response:
         """Resolve an at-most-once step left without result: record a value, or let it run

@@ -12,8 +12,9 @@ use crate::ids::new_job_id;
 use crate::model::{Due, JobBatch};
 use crate::validate;
 
-/// The last instant accepted (9999-12-31T23:59:59.999Z), in epoch ms.
-const MAX_INSTANT_MS: i64 = 253_402_300_799_999;
+/// The last instant accepted (9999-12-31T23:59:59.999Z), in epoch ms (Python:
+/// `gnl._native.MAX_INSTANT_MS`).
+pub(crate) const MAX_INSTANT_MS: i64 = 253_402_300_799_999;
 
 const SPEC_KEYS: [&str; 3] = ["type", "payload", "options"];
 const OPTION_KEYS: [&str; 5] = ["id", "org_id", "run_at", "delay_ms", "max_depth"];

@@ -858,6 +858,14 @@ fn redact_url(url: &str) -> String {
     crate::store::url::redact(url)
 }
 
+/// How many organizations a Postgres/SQLite/MySQL claim of `limit` jobs serves at most in its
+/// first pass (`store::queue::first_pass_orgs`; `per_org` 0: uncapped, a quantum at a time).
+/// The worker reads a full claim whose jobs came from fewer as one that took every due lane.
+#[pyfunction]
+fn first_pass_orgs(limit: usize, per_org: usize) -> usize {
+    crate::store::queue::first_pass_orgs(limit, per_org)
+}
+
 /// The default retry delay (ms) after failed attempt `attempt`, with jitter.
 #[pyfunction]
 fn default_retry_delay_ms(attempt: i64) -> i64 {
@@ -895,6 +903,7 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(job_run_id, m)?)?;
     m.add_function(wrap_pyfunction!(redact_url, m)?)?;
     m.add_function(wrap_pyfunction!(default_retry_delay_ms, m)?)?;
+    m.add_function(wrap_pyfunction!(first_pass_orgs, m)?)?;
     m.add_function(wrap_pyfunction!(quiesce, m)?)?;
     m.add_function(wrap_pyfunction!(panic_in_task, m)?)?;
     bridge::register(m)?;
@@ -903,5 +912,6 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     scheduler::register(m)?;
     events::register(m)?;
     m.add("SCHEMA_VERSION", store::latest_version("sqlite"))?;
+    m.add("MAX_INSTANT_MS", jobs::MAX_INSTANT_MS)?;
     Ok(())
 }
