@@ -9,6 +9,7 @@ exits at once; a changed schedule and an outdated store stop the start with one 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import subprocess
@@ -551,6 +552,92 @@ async def test_serve_in_process(store_url: Callable[[], str]) -> None:
         stop2.set()
         assert await app.serve(stop=stop2) == 0
         assert [t.id for t in await gnl.list_triggers(st)] == ["nightly"]
+
+
+async def test_every_failed_attempt_is_logged_however_it_failed(
+    store_url: Callable[[], str], caplog: pytest.LogCaptureFixture
+) -> None:
+    # deploy.md promises a line per failed handler attempt: a job whose handler returned a
+    # result that is not JSON, or returned past max_hold_ms, and an event whose handler
+    # returned past max_hold_ms were failed silently (only a raise was logged). A job
+    # canceled while its handler ran said "attempt 1 failed"; it says it was canceled.
+    url = store_url()
+    app = gnl.App(url=url)
+    started = asyncio.Event()
+
+    @app.job("unjson", max_attempts=1)
+    async def unjson(payload: Any, ctx: gnl.JobContext) -> Any:
+        return {1, 2}
+
+    @app.job("slow", max_hold_ms=50, retry_delay_ms=60_000)
+    async def slow(payload: Any, ctx: gnl.JobContext) -> Any:
+        await asyncio.sleep(0.3)  # past max_hold_ms, ignoring the signal, then returns
+        return "late"
+
+    @app.job("raises", max_hold_ms=60_000, retry_delay_ms=60_000)
+    async def raises(payload: Any, ctx: gnl.JobContext) -> Any:
+        raise RuntimeError("boom")
+
+    @app.job("waits", ttl_ms=300)
+    async def waits(payload: Any, ctx: gnl.JobContext) -> Any:
+        started.set()
+        await ctx.signal.wait()
+        ctx.signal.raise_if_aborted()
+
+    @app.consumer("topic", "reader", max_hold_ms=50, retry_delay_ms=60_000)
+    async def read(payload: Any, meta: gnl.EventMeta) -> None:
+        await asyncio.sleep(0.3)
+
+    stop = asyncio.Event()
+    caplog.set_level(logging.INFO, logger="gnl")
+    task = asyncio.create_task(app.serve(stop=stop, grace_ms=5_000))
+    async with await gnl.connect(url) as st:
+        await gnl.enqueue_many(
+            st.work,
+            [
+                gnl.JobSpec("unjson", {}, id="u"),
+                gnl.JobSpec("slow", {}, id="s"),
+                gnl.JobSpec("raises", {}, id="r"),
+                gnl.JobSpec("waits", {}, id="w"),
+            ],
+        )
+        await gnl.emit(st.work, "topic", {}, id="ev")
+        await asyncio.wait_for(started.wait(), 30)
+        assert await gnl.cancel_job(st.work, "w")
+        for _ in range(400):
+            jobs = {j: await gnl.get_job(st.work, j) for j in "usrw"}
+            states = {j: (i.state, i.attempts) if i else None for j, i in jobs.items()}
+            if (
+                states
+                == {
+                    "u": ("dead", 1),
+                    "s": ("pending", 1),
+                    "r": ("pending", 1),
+                    "w": ("canceled", 1),
+                }
+                and "event 'ev'" in caplog.text
+            ):
+                break
+            await asyncio.sleep(0.05)
+        stop.set()
+        assert await task == 0
+    assert states["u"] == ("dead", 1) and states["w"] == ("canceled", 1), states
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("gnl run: ")]
+
+    def one(start: str) -> str:
+        found = [ln for ln in lines if ln.startswith(start)]
+        assert len(found) == 1, (start, lines)
+        return found[0]
+
+    # Each line says what the job records as its error.
+    unjson_line = one("gnl run: job 'u' (type 'unjson') attempt 1 failed and is dead")
+    assert unjson_line.endswith(f"(max_attempts reached): {jobs['u'].last_error}")
+    assert "which is not JSON" in unjson_line
+    assert "max_hold_ms=50" in one("gnl run: job 's' (type 'slow') attempt 1 failed: timeout")
+    assert one("gnl run: job 'r' (type 'raises') attempt 1 failed: ").endswith("RuntimeError: boom")
+    assert one("gnl run: event 'ev' of topic/reader attempt 1 failed: ExecutionRevokedError")
+    assert one("gnl run: job 'w' (type 'waits') was canceled during attempt 1")
+    assert not [ln for ln in lines if ln.startswith("gnl run: job 'w'") and "failed" in ln]
 
 
 async def test_a_failed_schedule_is_said_at_every_start(

@@ -578,6 +578,7 @@ class App:
                 groups.setdefault(job.options, {})[job.type] = _job_handler(job, running)
             for options, handlers in groups.items():
                 worker: Worker = create_worker(storage, handlers, **dict(options))
+                worker._on_failed = _job_failed(dict(options)["max_attempts"])
                 worker.start()
                 parts.append(
                     (
@@ -612,6 +613,7 @@ class App:
                     name=cdecl.name,
                     **cdecl.options,
                 )
+                consumer._on_failed = _event_failed(cdecl.options["max_attempts"])
                 consumer.start()
                 parts.append((f"consumer {cdecl.topic}/{cdecl.name}", consumer.stop))
         if "waker" in roles and gnl_runner is not None:
@@ -708,30 +710,23 @@ async def _connect(url: str, max_connections: int, stop: asyncio.Event) -> Stora
 
 
 async def _call(
-    running: _Running,
-    sig: RevocationSignal,
-    call: Callable[[], Awaitable[Any]],
-    failed: Callable[[BaseException], None],
+    running: _Running, sig: RevocationSignal, call: Callable[[], Awaitable[Any]]
 ) -> Any:
-    """Run one handler call with its signal revocable at shutdown; ``failed`` logs a failure."""
+    """Run one handler call with its signal revocable at shutdown."""
     if running.revoked:
         sig.abort("shutdown", "shutdown: the process is stopping")
     running.signals.add(sig)
     try:
         sig.raise_if_aborted()
         return await call()
-    except Exception as e:
-        failed(e)
-        raise
     finally:
         running.signals.discard(sig)
 
 
 def _job_handler(decl: _JobDecl, running: _Running) -> Handler:
     """The declared handler with the app's bookkeeping: its signal is revocable at shutdown,
-    and its failures, retries and reclaims are logged."""
+    and its retries and reclaims are logged (its failures by :func:`_job_failed`)."""
     fn = decl.handler
-    max_attempts = dict(decl.options)["max_attempts"]
 
     async def handler(payload: Any, ctx: JobContext) -> Any:
         if ctx.attempt > 1:
@@ -742,47 +737,69 @@ def _job_handler(decl: _JobDecl, running: _Running) -> Handler:
                 ctx.type,
                 ctx.attempt,
             )
+        return await _call(running, ctx.signal, lambda: fn(payload, ctx))
 
-        def failed(e: BaseException) -> None:
-            log.warning(
-                "gnl run: job %r (type %r) attempt %d failed%s: %s: %s",
+    return handler
+
+
+def _job_failed(max_attempts: int) -> Callable[[JobContext, str], None]:
+    """The worker's failure hook: one line per failed attempt, whatever failed it (the handler
+    raised, returned a result that is not JSON, returned past ``max_hold_ms``, its task was
+    cancelled); for a job canceled while its handler ran, a line that says so."""
+
+    def failed(ctx: JobContext, error: str) -> None:
+        reason = ctx.signal.reason
+        if reason is not None and reason.why == "canceled":
+            log.info(
+                "gnl run: job %r (type %r) was canceled during attempt %d; its handler ended: %s",
                 ctx.job_id,
                 ctx.type,
                 ctx.attempt,
-                " and is dead (max_attempts reached)" if ctx.attempt >= max_attempts else "",
-                type(e).__name__,
-                e,
+                error,
             )
+            return
+        log.warning(
+            "gnl run: job %r (type %r) attempt %d failed%s: %s",
+            ctx.job_id,
+            ctx.type,
+            ctx.attempt,
+            " and is dead (max_attempts reached)" if ctx.attempt >= max_attempts else "",
+            error,
+        )
 
-        return await _call(running, ctx.signal, lambda: fn(payload, ctx), failed)
-
-    return handler
+    return failed
 
 
 def _event_handler(
     decl: _ConsumerDecl, running: _Running
 ) -> Callable[[Any, EventMeta], Awaitable[Any]]:
-    """The declared consumer handler with the app's bookkeeping (see :func:`_job_handler`)."""
+    """The declared consumer handler with its signal revocable at shutdown (its failures are
+    logged by :func:`_event_failed`)."""
     fn = decl.handler
-    max_attempts: float = decl.options["max_attempts"]
 
     async def handler(payload: Any, meta: EventMeta) -> Any:
-        def failed(e: BaseException) -> None:
-            quarantined = meta.attempt >= max_attempts and max_attempts != math.inf
-            log.warning(
-                "gnl run: event %r of %s/%s attempt %d failed%s: %s: %s",
-                meta.id,
-                meta.topic,
-                meta.consumer,
-                meta.attempt,
-                " and is quarantined (gnl events dead)" if quarantined else "",
-                type(e).__name__,
-                e,
-            )
-
-        return await _call(running, meta.signal, lambda: fn(payload, meta), failed)
+        return await _call(running, meta.signal, lambda: fn(payload, meta))
 
     return handler
+
+
+def _event_failed(max_attempts: float) -> Callable[[EventMeta, str], None]:
+    """The consumer's failure hook: one line per failed delivery (the handler raised or
+    returned past ``max_hold_ms``), saying when the event is now quarantined."""
+
+    def failed(meta: EventMeta, error: str) -> None:
+        quarantined = meta.attempt >= max_attempts and max_attempts != math.inf
+        log.warning(
+            "gnl run: event %r of %s/%s attempt %d failed%s: %s",
+            meta.id,
+            meta.topic,
+            meta.consumer,
+            meta.attempt,
+            " and is quarantined (gnl events dead)" if quarantined else "",
+            error,
+        )
+
+    return failed
 
 
 async def _shutdown(

@@ -433,6 +433,9 @@ class Consumer:
         self._wake: asyncio.Event | None = None
         self._signal: RevocationSignal | None = None
         self._lost = False
+        #: Called with (meta, error) at the end of each failed delivery, however it failed:
+        #: the handler raised or returned past max_hold_ms (``gnl run`` logs each through it).
+        self._on_failed: Callable[[EventMeta, str], None] | None = None
 
     def start(self) -> None:
         """Start consuming on the running loop (until :meth:`stop`)."""
@@ -649,6 +652,13 @@ class Consumer:
         except Exception as e:  # noqa: BLE001
             done[2] += 1
             err = f"{type(e).__name__}: {e}"
+            if self._on_failed is not None:
+                try:
+                    self._on_failed(meta, err)
+                except Exception:  # noqa: BLE001 - a hook's failure must not end the consumer
+                    log.exception(
+                        "gnl consumer %s/%s: the failure hook raised", self.topic, self.name
+                    )
             if attempt >= self.max_attempts:
                 return (seq, err, None)
             return (seq, err, self._delay(attempt))

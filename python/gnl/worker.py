@@ -366,6 +366,10 @@ class Worker:
         # started from (a task started by the end of another run must not get its context).
         self._context: contextvars.Context | None = None
         self._late_timer: asyncio.TimerHandle | None = None
+        #: Called with (context, error) at the end of each failed attempt, however it failed:
+        #: the handler raised, returned a result that is not JSON, returned past max_hold_ms,
+        #: or its task was cancelled (``gnl run`` logs each through it).
+        self._on_failed: Callable[[JobContext, str], None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -1142,6 +1146,11 @@ class Worker:
         if self._runner is None:
             # (A runner goes on with the next job itself: the claim loop sleeps on.)
             self._slot.set()
+        if not ok and self._on_failed is not None:
+            try:
+                self._on_failed(ctx, value)
+            except Exception:  # noqa: BLE001 - a hook's failure must not end the worker
+                log.exception("gnl worker %s: the failure hook raised", self.name)
 
     def _outcome_queued(self) -> None:
         self._since_claim += 1
