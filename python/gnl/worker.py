@@ -668,10 +668,15 @@ class Worker:
                             cap = 1 if pair and not wait and not self._alone else 0
                             claim = native.claim(want, True, cap, wait)
                             out.append(_Claim(claim, want, t0, seen, True, False, wait))
+                    # A second claim goes out before the jobs claimed ahead start (their
+                    # tasks' creation is off its path): those that free slots will take
+                    # count as started.
+                    second = self._second(out, self._startable()) if now is None else None
+                    if second:
+                        self._send_second(out)
                     self._fill()
                     if now is None:
-                        full = len(self._tasks) >= self.concurrency
-                        if self._ready and full and self._may_pair():
+                        if second == 0 and self._ready and len(self._tasks) >= self.concurrency:
                             # The last answer was back before it was awaited (no turn of the
                             # loop since): its jobs wait for slots whose short handlers have
                             # not had their turn yet. One turn ends them (slow ones stay, and
@@ -679,21 +684,9 @@ class Worker:
                             # it goes out beside the one in flight rather than after it.
                             await asyncio.sleep(0)
                             self._fill()
-                        second = self._second(out)
-                        if second:
-                            # Carries outcomes only when the one in flight carries none.
-                            carry = not out[0].carry
-                            if carry:
-                                self._since_claim = 0
-                            seen2 = _wake.version(self._storage._native, "jobs")
-                            # One job an organization: the lanes the one in flight holds
-                            # are skipped, and the few left must not split the whole batch.
-                            # Over few lanes it waits for them instead, and takes the next
-                            # jobs of the same lanes once the one in flight committed.
-                            wait = self._few
-                            claim = native.claim(second, carry, 0 if wait else 1, wait)
-                            out.append(_Claim(claim, second, loop.time(), seen2, carry, True, wait))
-                            self._fill()
+                            if self._room(out):
+                                self._send_second(out)
+                                self._fill()
                         c = out.popleft()
                         jobs = await c.fut
                         want, t0, seen = c.asked, c.t0, c.seen
@@ -786,21 +779,51 @@ class Worker:
                 await self._collect(out)
             self._claiming = False
 
-    def _second(self, out: deque[_Claim]) -> int:
-        """How many jobs a second claim in flight asks for (0: none goes out). Postgres, two
-        slots or more, handlers shorter than a claim, and the last claim came back full:
-        with one job an organization, more lanes are likely due beyond those the one in
-        flight holds (it skips them: SKIP LOCKED); from one lane or a few, it waits for them
-        (`_few`). Either way the store works on the next claim while the round trip and the
-        handlers of the one in flight run. It asks for the slots the two claims keep busy,
-        less the jobs claimed ahead and those the one in flight asked for."""
+    def _second(self, out: deque[_Claim], starting: int = 0) -> int | None:
+        """How many jobs a second claim in flight asks for: None when none may go out,
+        0 when one may but has no room yet. Postgres, two slots or more, handlers shorter
+        than a claim, and the last claim came back full: with one job an organization, more
+        lanes are likely due beyond those the one in flight holds (it skips them: SKIP
+        LOCKED); from one lane or a few, it waits for them (`_few`). Either way the store
+        works on the next claim while the round trip and the handlers of the one in flight
+        run. ``starting``: jobs claimed ahead about to start in free slots (`_startable`)."""
         if len(out) != 1 or not self._may_pair():
-            return 0
+            return None
         if self._alone:
             self._alone -= 1
-            return 0
+            return None
+        return self._room(out, starting)
+
+    def _room(self, out: deque[_Claim], starting: int = 0) -> int:
+        """The jobs a second claim asks for (see `_second`): the slots the two claims keep
+        busy, less the jobs claimed ahead (``starting`` of them about to start) and those the
+        one in flight asked for."""
         c = self.concurrency
-        return max(0, min(c, 2 * c - len(self._ready) - out[0].asked))
+        return max(0, min(c, 2 * c - (len(self._ready) - starting) - out[0].asked))
+
+    def _startable(self) -> int:
+        """How many jobs claimed ahead `_fill` would start now (free slots; none while pairs
+        run inline)."""
+        if self._runner is not None:
+            return 0
+        return min(len(self._ready), self.concurrency - len(self._tasks))
+
+    def _send_second(self, out: deque[_Claim]) -> None:
+        """Send the second claim in flight (`_second`), of `_room` jobs."""
+        native = self._native
+        assert native is not None and self._loop is not None
+        second = self._room(out, self._startable())
+        # Carries outcomes only when the one in flight carries none.
+        carry = not out[0].carry
+        if carry:
+            self._since_claim = 0
+        seen = _wake.version(self._storage._native, "jobs")
+        # One job an organization: the lanes the one in flight holds are skipped, and the
+        # few left must not split the whole batch. Over few lanes it waits for them
+        # instead, and takes the next jobs of the same lanes once the one in flight committed.
+        wait = self._few
+        claim = native.claim(second, carry, 0 if wait else 1, wait)
+        out.append(_Claim(claim, second, self._loop.time(), seen, carry, True, wait))
 
     def _may_pair(self) -> bool:
         """Whether a second claim may follow the next one while it is in flight (``_second``,
