@@ -711,12 +711,44 @@ async def test_recovery_timings_are_set_on_the_app(store_url: Callable[[], str])
         (t,) = await gnl.list_triggers(st)
         assert (t.state, t.deferrals) == ("pending", 1)
         assert t.next_run_at is not None and 40_000 < t.next_run_at - now <= 45_000
-    with pytest.raises(gnl.InvalidArgumentError, match="run_lease_ms must be >= 3"):
+    with pytest.raises(gnl.InvalidArgumentError, match="run_lease_ms must be >= 100"):
         gnl.App(run_lease_ms=2)
     with pytest.raises(gnl.InvalidArgumentError, match="fire_lock_ttl_ms"):
         gnl.App(fire_lock_ttl_ms=0)
     with pytest.raises(gnl.InvalidArgumentError, match="fire_retry_ms"):
         gnl.App(fire_retry_ms=0)
+
+
+async def test_a_lease_too_short_to_be_renewed_is_refused(storage: gnl.Storage) -> None:
+    # App(run_lease_ms=3) was accepted: renewed every ms, the lease lapsed between renewals
+    # and on SQLite the waker took over its own live run. Every lease has one floor, 100 ms.
+    async def h(payload: Any, ctx: Any) -> None: ...
+
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> None: ...
+
+    class Runner:
+        workflows = frozenset({"wf"})
+
+        async def run(self, trigger: Any) -> None: ...
+
+    refusals: list[tuple[str, Callable[[int], object]]] = [
+        ("run_lease_ms", lambda ms: gnl.App(run_lease_ms=ms)),
+        ("fire_lock_ttl_ms", lambda ms: gnl.App(fire_lock_ttl_ms=ms)),
+        ("ttl_ms", lambda ms: gnl.App().job("j", ttl_ms=ms)),
+        ("lease_ms", lambda ms: gnl.App().consumer("t", "c", lease_ms=ms)),
+        ("lease_ms", lambda ms: gnl.create_gnl(storage, {"wf": wf}, lease_ms=ms)),
+        ("ttl_ms", lambda ms: gnl.create_worker(storage, {"j": h}, ttl_ms=ms)),
+        ("lease_ms", lambda ms: gnl.create_consumer(storage.work, "t", h, name="c", lease_ms=ms)),
+        ("lock_ttl_ms", lambda ms: gnl.create_scheduler(storage, Runner(), lock_ttl_ms=ms)),
+    ]
+    for option, make in refusals:
+        for ms in (3, 99):
+            with pytest.raises(gnl.InvalidArgumentError) as e:
+                make(ms)
+            assert str(e.value).startswith(f"{option} must be >= 100 ms, got {ms}: "), e.value
+            assert "renewed every third of it" in str(e.value)
+        made = make(100)
+        assert made is not None, option
 
 
 @pytest.mark.parametrize("backend", [b for b in RUN_BACKENDS if b == "postgres"])

@@ -41,6 +41,12 @@ MAX_DURATION_MS = 315_360_000_000
 #: limit for ``run_at``).
 MAX_INSTANT_MS: int = _native.MAX_INSTANT_MS
 
+#: The shortest lease accepted, in ms (a job's ``ttl_ms``, a consumer's or a run's
+#: ``lease_ms``, a fire lock's ``lock_ttl_ms``): each is renewed every third of it, and a
+#: renewal must be answered within half of it, which a store round trip under load is not
+#: within a few ms (docs/DECISIONS.md, "Leases are at least 100 ms").
+MIN_LEASE_MS = 100
+
 
 def check_int(value: object, name: str, minimum: int, maximum: int = MAX_INT) -> int:
     """Return ``value`` if it is an int in ``[minimum, maximum]``.
@@ -56,6 +62,22 @@ def check_int(value: object, name: str, minimum: int, maximum: int = MAX_INT) ->
     if value > maximum:
         raise InvalidArgumentError(f"{name} must be <= {maximum}, got {value}")
     return value
+
+
+def check_lease(value: object, name: str) -> int:
+    """Return ``value`` if it is a lease duration: an int in ``[MIN_LEASE_MS,
+    MAX_DURATION_MS]``.
+
+    Raises:
+        TypeError: not an int.
+        InvalidArgumentError: out of range; a lease too short names why.
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value < MIN_LEASE_MS:
+        raise InvalidArgumentError(
+            f"{name} must be >= {MIN_LEASE_MS} ms, got {value}: a lease is renewed every "
+            "third of it, and a shorter one can lapse while its holder is alive"
+        )
+    return check_int(value, name, MIN_LEASE_MS, MAX_DURATION_MS)
 
 
 def age_ms(sent: float) -> int:

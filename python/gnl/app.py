@@ -27,7 +27,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from ._callables import require_async
-from ._time import MAX_DURATION_MS, check_int
+from ._time import MAX_DURATION_MS, check_int, check_lease
 from .durable import Gnl, Workflow, WorkflowWaker, create_workflow_waker
 from .errors import (
     GnlError,
@@ -175,10 +175,10 @@ class App:
         max_connections: The store's connection pool (see :func:`gnl.connect`).
         waker_interval_ms: How often the workflow waker looks for runs to resume (ms).
         scheduler_poll_ms: The scheduler's poll interval (ms).
-        run_lease_ms: A running workflow run's lease (ms >= 3, renewed every third of it):
+        run_lease_ms: A running workflow run's lease (ms >= 100, renewed every third of it):
             after a crash, the waker resumes the run once it lapsed (``create_gnl``'s
             ``lease_ms``).
-        fire_lock_ttl_ms: A schedule's fire lock (ms >= 3): after a crash, the slot is fired
+        fire_lock_ttl_ms: A schedule's fire lock (ms >= 100): after a crash, the slot is fired
             again once it lapsed (``create_scheduler``'s ``lock_ttl_ms``).
         fire_retry_ms: How long a fire waits when its run is busy or was stopped by
             shutdown (ms >= 1; ``create_scheduler``'s ``retry_ms``).
@@ -204,8 +204,8 @@ class App:
         check_int(max_connections, "max_connections", 1, 10_000)
         check_int(waker_interval_ms, "waker_interval_ms", 1, MAX_DURATION_MS)
         check_int(scheduler_poll_ms, "scheduler_poll_ms", 1, MAX_DURATION_MS)
-        check_int(run_lease_ms, "run_lease_ms", 3, MAX_DURATION_MS)
-        check_int(fire_lock_ttl_ms, "fire_lock_ttl_ms", 3, MAX_DURATION_MS)
+        check_lease(run_lease_ms, "run_lease_ms")
+        check_lease(fire_lock_ttl_ms, "fire_lock_ttl_ms")
         check_int(fire_retry_ms, "fire_retry_ms", 1, MAX_DURATION_MS)
         self.url = url
         self.max_connections = max_connections

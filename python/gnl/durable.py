@@ -43,7 +43,7 @@ from typing import Any
 
 from . import _native
 from ._callables import require_async
-from ._time import MAX_DURATION_MS, age_ms, check_int, to_ms
+from ._time import MAX_DURATION_MS, age_ms, check_int, check_lease, to_ms
 from .errors import (
     ExecutionRevokedError,
     GnlError,
@@ -810,16 +810,16 @@ def create_gnl(
         storage: A :class:`~gnl.Storage` or its journal.
         workflows: Workflows by name: ``async def wf(ctx: gnl.WorkflowContext, input)``.
         preset: The default preset of ``run_workflow``: None or ``"critical"``.
-        lease_ms: How long a running run stays alive without a renewal (renewed every third
-            of it, off the Python thread); once it lapses (the process died) the waker resumes
-            the run. Also the critical preset's run-lock lease.
+        lease_ms: How long a running run stays alive without a renewal (ms >= 100, renewed
+            every third of it, off the Python thread); once it lapses (the process died) the
+            waker resumes the run. Also the critical preset's run-lock lease.
 
     Returns:
         A :class:`Gnl` (the runner the scheduler and :func:`create_workflow_waker` take).
 
     Raises:
         TypeError: a workflow is not an ``async`` function or a name is not a str.
-        InvalidArgumentError: an empty workflow name, an unknown preset, ``lease_ms`` < 3.
+        InvalidArgumentError: an empty workflow name, an unknown preset, ``lease_ms`` < 100.
     """
     journal = _journal_of(storage)
     wfs = dict(workflows or {})
@@ -831,7 +831,7 @@ def create_gnl(
         require_async(v, f"workflow {k!r}")
     if preset not in PRESETS:
         raise InvalidArgumentError(f"preset must be None or 'critical', got {preset!r}")
-    check_int(lease_ms, "lease_ms", 3, MAX_DURATION_MS)
+    check_lease(lease_ms, "lease_ms")
     return Gnl(journal, wfs, preset, lease_ms)
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from . import _native, _wake
 from ._callables import require_async
-from ._time import MAX_DURATION_MS, age_ms, check_int
+from ._time import MAX_DURATION_MS, age_ms, check_int, check_lease
 from .errors import InvalidArgumentError, InvalidJobError
 from .queue import JSON, JobSpec
 from .signal import RevocationSignal
@@ -716,7 +716,8 @@ def create_consumer(
             doubling, capped at 3,600,000 ms.
         max_hold_ms: A handler running longer gets ``meta.signal`` aborted with ``timeout``
             and its attempt counts as failed (default: no limit).
-        lease_ms: The consumer's lease (renewed every third of it off the Python thread).
+        lease_ms: The consumer's lease (ms >= 100, renewed every third of it off the Python
+            thread).
         poll_ms: Poll interval (ms) when nothing is due; doubles up to ``max_poll_ms``
             (default ``poll_ms * 32``). An emit wakes the consumer at once through the same
             Storage (and from another process on Postgres and SQLite), resetting it.
@@ -762,7 +763,7 @@ def _check_consumer(topic: str, name: str, options: Mapping[str, Any]) -> None:
         check_int(retry_delay_ms, "retry_delay_ms", 0, MAX_DURATION_MS)
     if max_hold_ms is not None:
         check_int(max_hold_ms, "max_hold_ms", 1, MAX_DURATION_MS)
-    check_int(options["lease_ms"], "lease_ms", 3, MAX_DURATION_MS)
+    check_lease(options["lease_ms"], "lease_ms")
     check_int(poll_ms, "poll_ms", 1, MAX_DURATION_MS)
     if max_poll_ms is not None:
         check_int(max_poll_ms, "max_poll_ms", poll_ms, MAX_DURATION_MS)

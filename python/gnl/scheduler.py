@@ -25,7 +25,7 @@ from datetime import datetime
 from typing import Any, NamedTuple, Protocol
 
 from . import _native, _wake
-from ._time import MAX_DURATION_MS, MAX_INSTANT_MS, age_ms, check_int, to_ms
+from ._time import MAX_DURATION_MS, MAX_INSTANT_MS, age_ms, check_int, check_lease, to_ms
 from .durable import _owner
 from .errors import (
     ExecutionRevokedError,
@@ -496,7 +496,7 @@ async def unschedule(journal: Storage | Journal, trigger_id: str) -> bool:
 def _check_poll_args(concurrency: int | None, lock_ttl_ms: int, retry_ms: int) -> None:
     if concurrency is not None:
         check_int(concurrency, "concurrency", 1)
-    check_int(lock_ttl_ms, "lock_ttl_ms", 3, MAX_DURATION_MS)
+    check_lease(lock_ttl_ms, "lock_ttl_ms")
     check_int(retry_ms, "retry_ms", 1, MAX_DURATION_MS)
 
 
@@ -836,7 +836,7 @@ async def poll_scheduler(
             mapping (as ``create_gnl``'s runner), a due trigger of a workflow not in it is not
             fired nor counted: it stays due for a process that declares that workflow.
         concurrency: At most this many fires at once (default: no cap).
-        lock_ttl_ms: The fire lock's TTL (ms >= 3), renewed every third of it.
+        lock_ttl_ms: The fire lock's TTL (ms >= 100), renewed every third of it.
         retry_ms: How long a busy run (``RunBusyError(at_lock_acquisition=True)``) defers
             its trigger.
         now_ms: The instant due-time and misfire decisions use (epoch ms; default: the store's

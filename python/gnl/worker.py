@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 from . import _native, _wake, durable
 from ._callables import require_async
-from ._time import MAX_DURATION_MS, check_int
+from ._time import MAX_DURATION_MS, check_int, check_lease
 from .errors import ExecutionRevokedError, GnlError, InvalidArgumentError, StoreUnavailableError
 from .signal import RevocationSignal
 from .storage import Journal, Storage, WorkStore, storage_of
@@ -1297,7 +1297,7 @@ def create_worker(
             jobs of these types (there is no catch-all): a job of another type stays
             ``pending`` (and listed) for a worker that has its handler, so deployments that
             serve different types can share one store. Empty: the worker claims nothing.
-        ttl_ms: The lease, renewed every ``ttl_ms / 3`` off the Python thread (>= 3).
+        ttl_ms: The lease, renewed every ``ttl_ms / 3`` off the Python thread (>= 100).
         max_attempts: Attempts (counted at claim time) before a job is ``dead`` (>= 1).
         max_hold_ms: Time limit of one attempt: the signal aborts with ``timeout`` and the
             attempt counts as failed; the lease is kept until the handler returns. None: no
@@ -1360,7 +1360,7 @@ def _check_options(options: Mapping[str, Any]) -> None:
     """:func:`create_worker`'s checks of a worker's ``options`` (its keyword arguments but
     ``name``), without I/O: also what ``App.job`` checks at declaration (one set of rules, one
     set of errors)."""
-    check_int(options["ttl_ms"], "ttl_ms", 3, MAX_DURATION_MS)
+    check_lease(options["ttl_ms"], "ttl_ms")
     check_int(options["max_attempts"], "max_attempts", 1, 1_000_000)
     if options["max_hold_ms"] is not None:
         check_int(options["max_hold_ms"], "max_hold_ms", 1, MAX_DURATION_MS)
