@@ -345,6 +345,50 @@ def test_an_app_module_that_raises_on_import_shows_its_own_traceback(tmp_path: P
     assert not (tmp_path / "x.db").exists()  # nothing was opened
 
 
+def test_an_app_factory_that_raises_or_is_async_is_said_in_one_line(tmp_path: Path) -> None:
+    # A factory that raised showed click's whole traceback; an async one warned "coroutine
+    # ... was never awaited". Now a raise is said as an import's is (the user's frames, one
+    # line, exit 1) and an async factory is refused as bad usage (exit 2): no loop runs yet.
+    (tmp_path / "factory_app.py").write_text(
+        "import gnl\n\n\n"
+        "def make_app():\n    raise RuntimeError('no config')\n\n\n"
+        "async def make_async():\n    return gnl.App()\n\n\n"
+        "def make_later():\n    return make_async()\n"
+    )
+
+    def run(attr: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "gnl", "run", f"factory_app:{attr}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+            env={**os.environ, "GNL_URL": f"sqlite:///{tmp_path}/x.db"},
+        )
+
+    r = run("make_app")
+    assert r.returncode == 1, r
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1] == ("gnl: calling 'factory_app:make_app' raised RuntimeError: no config"), (
+        r.stderr
+    )
+    assert lines[0].startswith("Traceback") and "factory_app.py" in r.stderr, r.stderr
+    assert "click" not in r.stderr and "gnl/" not in r.stderr, r.stderr
+    for attr, what in (
+        ("make_async", "is an async function"),
+        ("make_later", "returned a coroutine"),
+    ):
+        r = run(attr)
+        assert r.returncode == 2, r
+        assert r.stderr.strip().splitlines() == [
+            f"gnl: InvalidArgumentError: 'factory_app:{attr}' {what}: gnl run "
+            "makes the app before its event loop starts, so it cannot await it; make it a "
+            "plain function that returns the gnl.App (what needs the loop belongs in the "
+            "handlers)"
+        ], r.stderr
+    assert not (tmp_path / "x.db").exists()  # nothing was opened
+
+
 async def test_roles_with_nothing_to_run_do_not_start(tmp_path: Path) -> None:
     # `gnl run app --only worker` of an app without jobs logged "nothing to run" and sat
     # idle until stopped (exit 0): a mistyped module or role looked like a healthy process.

@@ -72,8 +72,9 @@ class AppError(GnlError):
 
 
 class AppImportError(AppError):
-    """The app's module raised while it was imported (:func:`load_app`); ``__cause__`` is
-    what it raised, with its traceback."""
+    """The app's module raised while it was imported, or the function named to make the app
+    raised when called (:func:`load_app`); ``__cause__`` is what it raised, with its
+    traceback."""
 
 
 @dataclass(frozen=True)
@@ -871,9 +872,11 @@ def load_app(target: str) -> App:
 
     Raises:
         InvalidArgumentError: ``target`` is not ``MODULE:ATTR``, the module or attribute does
-            not exist, or it is not an App (nor a function returning one).
+            not exist, or it is not an App (nor a function returning one); an ``async``
+            function (no event loop runs yet to await it).
         AppImportError: the module raised while it was imported (a SyntaxError, a missing
-            dependency, an error of its own); ``__cause__`` is what it raised.
+            dependency, an error of its own), or the function raised when called;
+            ``__cause__`` is what it raised.
     """
     import importlib
 
@@ -901,6 +904,8 @@ def load_app(target: str) -> App:
                 f"module {module_name!r} has no attribute {attr!r}"
             ) from None
     if not isinstance(obj, App) and callable(obj):
+        if inspect.iscoroutinefunction(obj):
+            raise InvalidArgumentError(_async_factory(target, "is an async function"))
         try:
             sig: inspect.Signature | None = inspect.signature(obj)
         except (TypeError, ValueError):  # a builtin that does not say: call it
@@ -916,7 +921,17 @@ def load_app(target: str) -> App:
                 f"({', '.join(needed)}), not a gnl.App nor a function of no arguments "
                 f"returning one"
             )
-        made = obj()
+        try:
+            made = obj()
+        except Exception as e:
+            # The user's code failed, as a module that raises on import (gnl run prints its
+            # traceback, then this line).
+            raise AppImportError(f"calling {target!r} raised {type(e).__name__}: {e}") from e
+        if inspect.isawaitable(made):
+            if inspect.iscoroutine(made):
+                made.close()  # never awaited: no "was never awaited" warning
+            what = f"returned a {type(made).__name__}"
+            raise InvalidArgumentError(_async_factory(target, what))
         if not isinstance(made, App):
             raise InvalidArgumentError(
                 f"{target!r} returned a {type(made).__name__}, not a gnl.App"
@@ -925,3 +940,11 @@ def load_app(target: str) -> App:
     if not isinstance(obj, App):
         raise InvalidArgumentError(f"{target!r} is a {type(obj).__name__}, not a gnl.App")
     return obj
+
+
+def _async_factory(target: str, what: str) -> str:
+    return (
+        f"{target!r} {what}: gnl run makes the app before its event loop "
+        "starts, so it cannot await it; make it a plain function that returns the gnl.App "
+        "(what needs the loop belongs in the handlers)"
+    )
