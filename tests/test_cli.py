@@ -541,12 +541,14 @@ def test_an_empty_job_id_is_bad_usage(command: str, tmp_path: Path) -> None:
         ("jobs", "list", "--org", ""),
         ("jobs", "list", "--all", "--type", ""),
         ("jobs", "show", "x", "--org", ""),
+        ("runs", "list", "--workflow", ""),
     ],
-    ids=["list --org", "list --type", "show --org"],
+    ids=["list --org", "list --type", "show --org", "runs list --workflow"],
 )
 def test_an_empty_organization_or_type_is_bad_usage(args: tuple[str, ...], tmp_path: Path) -> None:
     # An empty --type listed nothing ("no jobs on the store"); an empty --org gave the API's
-    # advice to use None. Both are refused as an empty id is, before the store is opened.
+    # advice to use None. Both are refused as an empty id is, before the store is opened (and
+    # an empty --workflow of runs list, which listed nothing).
     url = f"sqlite:///{tmp_path}/s.db"
     asyncio.run(gnl.upgrade(url))
     err = one_line_error(gnl_cmd(*args, "--url", url), 2)

@@ -732,7 +732,7 @@ def _run_dict(run: gnl.RunInfo) -> dict[str, Any]:
 @runs.command("list", epilog=_ex("gnl runs list --workflow report --state running --json"))
 @_url_option
 @click.option("--state", type=click.Choice(RUN_STATES), help="Only runs in this state.")
-@click.option("--workflow", metavar="W", help="Only runs of this workflow.")
+@click.option("--workflow", metavar="W", callback=_nonempty, help="Only runs of this workflow.")
 @click.option(
     "--limit", default=50, show_default=True, type=click.IntRange(1, 10_000), help="Runs to show."
 )
