@@ -450,6 +450,20 @@ def test_bad_target_is_usage_error(tmp_path: Path) -> None:
     )
     assert r.returncode == 2 and str(missing) in r.stderr and "retrying" not in r.stderr, r
     assert not missing.exists()
+    # A directory where the file should be: retried forever as an outage until session 24
+    # (SQLite's open fails as CANTOPEN); now said at once, naming the path.
+    r = subprocess.run(
+        [sys.executable, "-m", "gnl", "run", "_app_sample:app"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(TESTS), "GNL_URL": f"sqlite:///{tmp_path}"},
+    )
+    assert r.returncode == 2 and "retrying" not in r.stderr, r
+    assert r.stderr.strip().splitlines() == [
+        f'gnl: InvalidArgumentError: the SQLite path "{tmp_path}" is a directory, not a file: '
+        f'name the file in it (e.g. "{tmp_path}/gnl.db")'
+    ], r.stderr
 
 
 # -- the App object in process ----------------------------------------------------------------

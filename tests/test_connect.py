@@ -282,12 +282,11 @@ async def test_max_connections_below_one_is_a_bad_value() -> None:
 
 async def test_unreachable_store_raises_store_unavailable(backend: str, tmp_path: Path) -> None:
     urls = {
-        # A directory where the file should be: SQLite cannot open it.
-        "sqlite": f"sqlite:///{tmp_path / 'a-dir'}",
+        # A file name longer than the file system takes: SQLite cannot open it.
+        "sqlite": f"sqlite:///{tmp_path / ('x' * 300)}.db",
         "postgres": "postgresql://gnl:gnl@127.0.0.1:1/gnl",
         "mysql": "mysql://gnl:gnl@127.0.0.1:1/gnl",
     }
-    (tmp_path / "a-dir").mkdir()
     with pytest.raises(gnl.StoreUnavailableError) as info:
         await asyncio.wait_for(gnl.connect(urls[backend]), 60)
     assert isinstance(info.value, gnl.GnlError)
@@ -297,7 +296,7 @@ async def test_unreachable_store_raises_store_unavailable(backend: str, tmp_path
         assert "refused" in str(info.value).lower(), str(info.value)
     else:
         # SQLite's own "unable to open database file" does not say which file.
-        assert str(tmp_path / "a-dir") in str(info.value), str(info.value)
+        assert str(tmp_path / ("x" * 300)) in str(info.value), str(info.value)
 
 
 async def test_a_sqlite_file_in_a_missing_directory_is_a_bad_url(
@@ -314,6 +313,21 @@ async def test_a_sqlite_file_in_a_missing_directory_is_a_bad_url(
     with pytest.raises(gnl.InvalidArgumentError):
         await gnl.upgrade(f"sqlite:///{missing / 'x.db'}")
     assert not missing.exists()
+
+
+async def test_a_directory_as_the_sqlite_file_is_a_bad_url(backend: str, tmp_path: Path) -> None:
+    # SQLite's open of a directory failed as CANTOPEN, an outage that `gnl run` retried
+    # forever: a setup error, InvalidArgumentError naming the path (exit 2 from the CLI).
+    sqlite_only(backend)
+    for create in (True, False):
+        with pytest.raises(gnl.InvalidArgumentError) as info:
+            await gnl.connect(f"sqlite:///{tmp_path}", create=create)
+        assert str(info.value) == (
+            f'the SQLite path "{tmp_path}" is a directory, not a file: name the file in it '
+            f'(e.g. "{tmp_path}/gnl.db")'
+        )
+    with pytest.raises(gnl.InvalidArgumentError, match="is a directory"):
+        await gnl.upgrade(f"sqlite:///{tmp_path}")
 
 
 async def test_a_read_timeout_is_checked_and_the_reads_under_it_answer(

@@ -150,7 +150,16 @@ impl SqliteStore {
                 (o, 1)
             }
             SqliteTarget::File(path) => {
-                // A setup error, not an outage: retrying cannot make the directory appear.
+                // A setup error, not an outage: retrying cannot make the directory appear, nor
+                // a directory given as the file go away (its open failed as CANTOPEN, which
+                // `gnl run` retried forever).
+                if std::path::Path::new(path).is_dir() {
+                    return Err(Error::InvalidArgument(format!(
+                        "the SQLite path {path:?} is a directory, not a file: name the file in \
+                         it (e.g. {:?})",
+                        std::path::Path::new(path).join("gnl.db")
+                    )));
+                }
                 let dir = std::path::Path::new(path)
                     .parent()
                     .filter(|d| !d.as_os_str().is_empty());
