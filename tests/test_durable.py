@@ -653,6 +653,36 @@ async def test_an_intent_is_not_resolved_while_its_run_is_live(storage: gnl.Stor
     assert await gnl.resolve_step(storage, "dead", "pay", value="paid") is True
 
 
+async def test_every_run_busy_message_has_one_form(storage: gnl.Storage) -> None:
+    # A live lease (the native core's refusal) said `run "r" ... (by alive, whose lease is
+    # live); nothing ran`, a held run lock (Python's) `run 'r' ... (its run lock is held)`.
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> str:
+        return "ran"
+
+    native = storage._native
+    g = gnl.create_gnl(storage, {"wf": wf})
+    await _native.run_start(native, "r", "wf", None, None, None, "alive", 60_000)
+    await _native.step_intent(native, "r", "pay", 0, 0, 1)
+    assert await _native.lock_acquire(native, "locked", "holder", 60_000) is not None
+    said = []
+    for busy in (
+        g.run_workflow("wf", run_id="r"),
+        g.run_workflow("wf", run_id="locked", preset="critical"),
+        gnl.resolve_step(storage, "r", "pay", value="fake"),
+    ):
+        with pytest.raises(gnl.RunBusyError) as e:
+            await busy
+        assert e.value.at_lock_acquisition is True
+        said.append(str(e.value))
+    assert said == [
+        "run 'r' is being executed elsewhere (by alive, whose lease is live); nothing ran",
+        "run 'locked' is being executed elsewhere (its run lock is held by another execution);"
+        " nothing ran",
+        "run 'r' is being executed elsewhere (by alive, whose lease is live): resolve its step"
+        " once that execution has ended; nothing changed",
+    ]
+
+
 async def test_an_at_most_once_step_that_raises_records_nothing(storage: gnl.Storage) -> None:
     attempts = [0]
 

@@ -620,7 +620,8 @@ async def execute(
             lock = await _native.lock_acquire(native, run_id, owner, lease_ms)
         if lock is None:
             raise RunBusyError(
-                f"run {run_id!r} is being executed elsewhere (its run lock is held)",
+                f"run {run_id!r} is being executed elsewhere (its run lock is held by another "
+                "execution); nothing ran",
                 at_lock_acquisition=True,
             )
     keeper: _native.RunKeeper | None = None
@@ -648,7 +649,7 @@ async def execute(
                 # another executor may hold it now.
                 raise RunBusyError(
                     f"run {run_id!r} is being executed elsewhere (its run lock lapsed before "
-                    "the run started)",
+                    "the run started); nothing ran",
                     at_lock_acquisition=True,
                 )
         if steps is None:
@@ -1050,8 +1051,8 @@ async def resolve_step(
             # Its execution may still record the step's own result: an operator's value
             # would be taken over it.
             raise RunBusyError(
-                f"run {run_id!r} is running (by {run.lease_owner}, whose lease is live): "
-                "resolve its step once that execution has ended; nothing changed",
+                f"run {run_id!r} is being executed elsewhere (by {run.lease_owner}, whose lease "
+                "is live): resolve its step once that execution has ended; nothing changed",
                 at_lock_acquisition=True,
             )
     return await _native.step_resolve(native, run_id, step, n, None if retry else value, retry)

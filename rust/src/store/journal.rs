@@ -590,9 +590,10 @@ pub(crate) fn started_run(run: Option<RunRow>, start: &RunStart) -> Result<(RunR
     if run.state != "done"
         && !(run.state == "running" && run.lease_owner.as_deref() == Some(&start.owner))
     {
-        // The upsert left it alone: another execution's lease is live (see `run_start`).
+        // The upsert left it alone: another execution's lease is live (see `run_start`). Worded
+        // and quoted as the Python side's RunBusyError messages (`durable.py`).
         return Err(Error::RunBusy(format!(
-            "run {:?} is being executed elsewhere (by {}, whose lease is live); nothing ran",
+            "run '{}' is being executed elsewhere (by {}, whose lease is live); nothing ran",
             start.run_id,
             run.lease_owner.as_deref().unwrap_or("another execution"),
         )));

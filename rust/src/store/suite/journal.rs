@@ -243,7 +243,10 @@ async fn runs_lifecycle(c: Calls) {
         .run;
     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     match c.run_start(&other("live", Some(90_000))).await {
-        Err(Error::RunBusy(m)) => assert!(m.contains("\"live\"") && m.contains("me"), "{m}"),
+        Err(Error::RunBusy(m)) => assert!(
+            m.starts_with("run 'live' is being executed elsewhere (by me, "),
+            "{m}"
+        ),
         got => panic!("{got:?}"),
     }
     let (run, _) = c.s.run_get("live").await.unwrap().unwrap();
