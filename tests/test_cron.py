@@ -11,6 +11,7 @@ cronsim differ on purpose (gnl refuses what Debian refuses; ``a-a/n``) are pinne
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import os
 import random
 
@@ -263,6 +264,19 @@ def test_a_range_of_one_value_with_a_step() -> None:
     assert to_ms(next(cronsim.CronSim("5-5/10 * * * *", EPOCH))) == 5 * 60_000
     # where they differ:
     assert gnl.cron_times("5-5/10 * * * *", 0, 2) == [5 * 60_000, 65 * 60_000]
+
+
+def test_a_step_past_the_fields_span_is_its_first_value() -> None:
+    # A new user expected `*/61` to be refused. Debian cron (and cronsim) accept any step >= 1
+    # and step from the range's first value, so a step past the span gives that value only:
+    # kept on purpose (DECISIONS "Text"), and said in the docs.
+    assert gnl.parse_field("*/61", 0, 59) == gnl.parse_field("*/60", 0, 59) == [0]
+    assert gnl.parse_field("10/61", 0, 59) == [10]
+    assert gnl.parse_field("*/24", 0, 23) == [0]
+    assert gnl.cron_times("*/61 * * * *", 0, 2) == gnl.cron_times("0 * * * *", 0, 2)
+    assert gnl.cron_times("*/61 * * * *", 0, 2) == [
+        to_ms(t) for t in itertools.islice(cronsim.CronSim("*/61 * * * *", EPOCH), 2)
+    ]
 
 
 def ms(*a: int) -> int:

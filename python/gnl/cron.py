@@ -7,7 +7,9 @@ five fields (minute 0-59, hour 0-23, day-of-month 1-31, month 1-12, day-of-week 
 both Sunday; and the macros ``@yearly @annually @monthly @weekly @daily @midnight @hourly``.
 When both day fields are restricted a day matches either; a day field whose text starts with
 ``*`` is unrestricted, and then a day must match both (``0 0 */2 * 1``: odd days that are
-Mondays; ``0 0 1-31 * 1``: every day).
+Mondays; ``0 0 1-31 * 1``: every day). A step is any number >= 1, as Debian's: one past the
+field's span gives the range's first value only (``*/61`` in the minute field is ``0``, as
+``*/60`` is).
 
 Refused with :class:`gnl.CronError`, whose message names the field: another number of fields
 (a sixth, seconds or year, field too), values out of range, step 0, reversed ranges, the
