@@ -564,3 +564,67 @@ async def test_a_trigger_left_for_another_process_does_not_keep_the_poll_loop_bu
     assert 5 <= polls <= 45, polls
     t = await trigger(storage, "theirs")
     assert (t.state, t.attempts, t.fire_count) == ("pending", 0, 0)
+
+
+async def test_a_slot_stopped_at_an_unrecorded_at_most_once_step_waits_for_an_operator(
+    storage: gnl.Storage, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A process died inside an at-most-once step of a scheduled run: every retry of the slot
+    # stops at that step (StepOutcomeUnknownError) until an operator resolves it. The slot
+    # waits for that, spending no attempt (with max_attempts=1 it was failed at the first
+    # retry: a recurring schedule ended for good), then runs on under the same run id without
+    # calling the step again.
+    calls: list[str] = []
+
+    async def pay() -> str:
+        calls.append("pay")
+        return "paid"
+
+    async def ship() -> str:
+        calls.append("ship")
+        return "shipped"
+
+    async def checkout(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        paid = await ctx.step("pay", pay, at_most_once=True)
+        return [paid, await ctx.step("ship", ship)]
+
+    runner = gnl.create_gnl(storage, {"checkout": checkout})
+    await gnl.schedule_workflow(storage, "checkout", id="co", at=T0, max_attempts=1, now_ms=T0)
+    # The crashed execution: it recorded the step's intent, then died (its 3 ms lease lapsed).
+    native = storage._native
+    await _native.run_start(native, "sched:co:0", "checkout", None, None, None, "dead:1:x", 3)
+    await _native.step_intent(native, "sched:co:0", "pay", 0, 0, T0)
+    await asyncio.sleep(0.05)
+    for k in range(2):
+        with caplog.at_level(logging.WARNING, logger="gnl"):
+            res = await gnl.poll_scheduler(storage, runner, retry_ms=5_000, now_ms=T0 + k * 5_000)
+        assert (res.fired, res.failed, res.deferred) == (0, 0, 1)
+        t = await trigger(storage, "co")
+        assert (t.state, t.attempts, t.deferrals) == ("pending", 0, k + 1)
+        assert t.next_run_at == T0 + k * 5_000 + 5_000
+        assert t.last_error is not None and "StepOutcomeUnknownError" in t.last_error
+    assert calls == []
+    said = [m for m in caplog.messages if "waits for an operator" in m]
+    assert len(said) == 2 and "gnl runs resolve sched:co:0 pay" in said[0], caplog.messages
+    # The operator says it happened; the next retry finishes the run: pay is not called again.
+    assert await gnl.resolve_step(storage, "sched:co:0", "pay", value="paid by hand")
+    res = await gnl.poll_scheduler(storage, runner, now_ms=T0 + 10_000)
+    assert res.run_ids == ["sched:co:0"] and res.failed == 0
+    assert calls == ["ship"]
+    run = await gnl.get_run(storage, "sched:co:0")
+    assert run is not None and (run.state, run.result) == ("done", ["paid by hand", "shipped"])
+    t = await trigger(storage, "co")
+    assert (t.state, t.fire_count, t.attempts) == ("done", 1, 0)
+
+
+async def test_each_failed_fire_attempt_is_logged(
+    storage: gnl.Storage, caplog: pytest.LogCaptureFixture
+) -> None:
+    await gnl.schedule_workflow(storage, "wf", every_ms=MIN, max_attempts=3, now_ms=T0)
+    r = Recorder(raises=RuntimeError("boom"))
+    with caplog.at_level(logging.WARNING, logger="gnl"):
+        await gnl.poll_scheduler(storage, r, now_ms=T0 + MIN)
+    assert caplog.messages == [
+        "gnl scheduler: fire 'sched:wf:0' of trigger 'wf' failed (attempt 1 of 3), retried in "
+        "1000 ms: RuntimeError: boom"
+    ]

@@ -558,12 +558,16 @@ class App:
             # A schedule whose trigger failed fires no more: said at every start.
             for t in await list_triggers(storage):
                 if t.id in self._schedules and t.state == "failed":
+                    run_id = f"sched:{t.id}:{t.fire_count}"
                     log.warning(
                         "gnl run: schedule %r failed after %d attempts (%s) and fires no more: "
-                        "run `gnl triggers unschedule %s` and start again to register it anew",
+                        "once the cause is fixed, `gnl runs resume %s` runs its failed slot; "
+                        "`gnl triggers unschedule %s` and a start register it anew from its "
+                        "next slot (a new run)",
                         t.id,
                         t.attempts,
                         t.last_error,
+                        run_id,
                         t.id,
                     )
         return True

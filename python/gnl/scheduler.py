@@ -32,6 +32,7 @@ from .errors import (
     GnlError,
     InvalidArgumentError,
     RunBusyError,
+    StepOutcomeUnknownError,
     StoreUnavailableError,
     TriggerConflictError,
 )
@@ -714,8 +715,39 @@ class _Poller:
                 # the same run id, and no attempt is spent: the run did not fail.
                 busy = isinstance(e, RunBusyError) and e.at_lock_acquisition
                 why = e.why if isinstance(e, ExecutionRevokedError) else None
-                if not (busy or why in ("shutdown", "lease-lost")):
-                    st = self._failed(r, now, slot, base, e)
+                # An at-most-once step that an earlier execution (a crashed process) started
+                # and never recorded: every retry would stop at it again until an operator
+                # resolves it. The slot waits for that, retried every `retry_ms`, spending no
+                # attempt (spent, a crash during such a step ended a recurring schedule for
+                # good within seconds, and re-arming it fired a new run that repeated the
+                # side effect).
+                if isinstance(e, StepOutcomeUnknownError):
+                    st = _state(
+                        r,
+                        **base,
+                        retry_slot=slot,
+                        next_run_at=now + self.retry_ms,
+                        deferrals=r.deferrals + 1,
+                        last_deferral_at=now + age_ms(began),
+                        last_error=f"{type(e).__name__}: {e}",
+                    )
+                    result.skipped += 1
+                    result.deferred += 1
+                    log.warning(
+                        "gnl scheduler: fire %r of trigger %r waits for an operator: its "
+                        "at-most-once step %r (n=%d) started in an earlier execution and has no "
+                        "recorded outcome; resolve it (gnl runs resolve %s %s --value JSON, or "
+                        "--retry) and the slot runs on; retried every %d ms, no attempt spent",
+                        run_id,
+                        r.id,
+                        e.step,
+                        e.n,
+                        run_id,
+                        e.step,
+                        self.retry_ms,
+                    )
+                elif not (busy or why in ("shutdown", "lease-lost")):
+                    st = self._failed(r, now, slot, base, e, run_id)
                     result.fired += 1
                     result.failed += 1
                     result.run_ids.append(run_id)
@@ -787,17 +819,27 @@ class _Poller:
                 await keeper.stop()
 
     def _failed(
-        self, r: _native.RawTrigger, now: int, slot: int, base: dict[str, Any], e: BaseException
+        self,
+        r: _native.RawTrigger,
+        now: int,
+        slot: int,
+        base: dict[str, Any],
+        e: BaseException,
+        run_id: str,
     ) -> _native.TriggerStateTuple:
         attempts = r.attempts + 1
         error = f"{type(e).__name__}: {e}"
         if attempts >= r.max_attempts:
             log.warning(
-                "gnl scheduler: trigger %r failed after %d attempts and fires no more (gnl "
-                "triggers unschedule, then register it again): %s",
+                "gnl scheduler: trigger %r failed after %d attempts and fires no more: %s "
+                "(its run %r can be resumed once the cause is fixed: gnl runs resume %s; gnl "
+                "triggers unschedule %s, then registering it again, fires its next slots)",
                 r.id,
                 attempts,
                 error,
+                run_id,
+                run_id,
+                r.id,
             )
             return _state(
                 r,
@@ -809,6 +851,15 @@ class _Poller:
                 next_run_at=None,
             )
         delay = min(_BACKOFF_BASE_MS * 2 ** (attempts - 1), _BACKOFF_MAX_MS)
+        log.warning(
+            "gnl scheduler: fire %r of trigger %r failed (attempt %d of %d), retried in %d ms: %s",
+            run_id,
+            r.id,
+            attempts,
+            r.max_attempts,
+            delay,
+            error,
+        )
         return _state(
             r,
             **base,
