@@ -642,6 +642,14 @@ async def test_every_failed_attempt_is_logged_however_it_failed(
         await ctx.signal.wait()
         ctx.signal.raise_if_aborted()
 
+    # Its handler sees the cancel and returns all the same: nothing was said. (Options of its
+    # own: a worker of its own, so that it runs beside "waits".)
+    @app.job("ignores", ttl_ms=400)
+    async def ignores(payload: Any, ctx: gnl.JobContext) -> Any:
+        started.set()
+        await ctx.signal.wait()
+        return "finished anyway"
+
     @app.consumer("topic", "reader", max_hold_ms=50, retry_delay_ms=60_000)
     async def read(payload: Any, meta: gnl.EventMeta) -> None:
         await asyncio.sleep(0.3)
@@ -657,13 +665,22 @@ async def test_every_failed_attempt_is_logged_however_it_failed(
                 gnl.JobSpec("slow", {}, id="s"),
                 gnl.JobSpec("raises", {}, id="r"),
                 gnl.JobSpec("waits", {}, id="w"),
+                gnl.JobSpec("ignores", {}, id="i"),
             ],
         )
         await gnl.emit(st.work, "topic", {}, id="ev")
         await asyncio.wait_for(started.wait(), 30)
-        assert await gnl.cancel_job(st.work, "w")
+        running: set[str | None] = set()
         for _ in range(400):
-            jobs = {j: await gnl.get_job(st.work, j) for j in "usrw"}
+            running = {getattr(await gnl.get_job(st.work, j), "state", None) for j in "wi"}
+            if running == {"running"}:
+                break
+            await asyncio.sleep(0.05)
+        assert running == {"running"}
+        assert await gnl.cancel_job(st.work, "w")
+        assert await gnl.cancel_job(st.work, "i")
+        for _ in range(400):
+            jobs = {j: await gnl.get_job(st.work, j) for j in "usrwi"}
             states = {j: (i.state, i.attempts) if i else None for j, i in jobs.items()}
             if (
                 states
@@ -672,6 +689,7 @@ async def test_every_failed_attempt_is_logged_however_it_failed(
                     "s": ("pending", 1),
                     "r": ("pending", 1),
                     "w": ("canceled", 1),
+                    "i": ("canceled", 1),
                 }
                 and "event 'ev'" in caplog.text
             ):
@@ -696,6 +714,9 @@ async def test_every_failed_attempt_is_logged_however_it_failed(
     assert one("gnl run: event 'ev' of topic/reader attempt 1 failed: ExecutionRevokedError")
     assert one("gnl run: job 'w' (type 'waits') was canceled during attempt 1")
     assert not [ln for ln in lines if ln.startswith("gnl run: job 'w'") and "failed" in ln]
+    assert one("gnl run: job 'i' (type 'ignores') was canceled during attempt 1").endswith(
+        "its handler ended: it returned; its result is dropped"
+    )
 
 
 async def test_a_failed_schedule_is_said_at_every_start(

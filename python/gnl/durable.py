@@ -175,7 +175,8 @@ class RunInfo:
         A ``running`` run whose lease lapsed (its process died or stalls: a waker takes it
         over, which it would have done within its poll if one were running) is
         ``"stuck: lease expired"``; a ``suspended`` run more than a minute past its wake-up
-        (wakers claim due runs every second by default) is ``"stuck: overdue"``. ``gnl runs
+        (wakers claim due runs every 5 s by default: with a ``waker_interval_ms`` near a
+        minute or more, a healthy run can be marked) is ``"stuck: overdue"``. ``gnl runs
         list|show`` and Studio's runs pages show the mark.
 
         Args:
@@ -194,7 +195,7 @@ class RunInfo:
 
 
 #: How long past its wake-up a suspended run is marked stuck (``RunInfo.stuck``): wakers
-#: claim due runs every ``interval_ms`` (1 s by default), so a minute means none is running.
+#: claim due runs every ``interval_ms`` (5 s by default), so a minute means none is running.
 _OVERDUE_MS = 60_000
 
 

@@ -368,7 +368,8 @@ class Worker:
         self._late_timer: asyncio.TimerHandle | None = None
         #: Called with (context, error) at the end of each failed attempt, however it failed:
         #: the handler raised, returned a result that is not JSON, returned past max_hold_ms,
-        #: or its task was cancelled (``gnl run`` logs each through it).
+        #: or its task was cancelled; and of an attempt whose job was canceled while its
+        #: handler ran, even one that returned (``gnl run`` logs each through it).
         self._on_failed: Callable[[JobContext, str], None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -1169,9 +1170,14 @@ class Worker:
         if self._runner is None:
             # (A runner goes on with the next job itself: the claim loop sleeps on.)
             self._slot.set()
-        if not ok and self._on_failed is not None:
+        reason = ctx.signal.reason
+        if self._on_failed is not None and (
+            not ok or (reason is not None and reason.why == "canceled")
+        ):
+            # A canceled job whose handler returned all the same is told too: its result is
+            # dropped (the store records it canceled).
             try:
-                self._on_failed(ctx, value)
+                self._on_failed(ctx, value if not ok else "it returned; its result is dropped")
             except Exception:  # noqa: BLE001 - a hook's failure must not end the worker
                 log.exception("gnl worker %s: the failure hook raised", self.name)
 
