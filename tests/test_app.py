@@ -523,6 +523,9 @@ BAD_SCHEDULES: list[dict[str, Any]] = [
     {"at": "tomorrow"},
     {"cron": "*/5 * * *"},
     {"cron": "0 3 * * *", "every_ms": 1_000},
+    # The store's limits on trigger ids (they were refused only at registration).
+    {"every_ms": 1_000, "id": "x" * 256},
+    {"every_ms": 1_000, "id": "a\0b"},
 ]
 
 
@@ -552,6 +555,25 @@ BAD_CONSUMERS: list[dict[str, Any]] = [
     {"poll_ms": 0},
     {"poll_ms": 100, "max_poll_ms": 50},
 ]
+
+
+@pytest.mark.parametrize("job_type", ["z" * 201, "a\tb"])
+async def test_a_job_type_no_job_can_have_is_refused_at_declaration(
+    storage: gnl.Storage, job_type: str
+) -> None:
+    # `@app.job("z" * 5000)` was accepted and a worker started for a type that enqueue refuses.
+    with pytest.raises(gnl.InvalidArgumentError) as enqueued:
+        await gnl.enqueue(storage.work, job_type, {})
+    app = gnl.App()
+    with pytest.raises(gnl.InvalidArgumentError) as declared:
+        app.job(job_type)
+    with pytest.raises(gnl.InvalidArgumentError) as created:
+
+        async def h(payload: Any, ctx: gnl.JobContext) -> None: ...
+
+        gnl.create_worker(storage, {job_type: h})
+    assert str(declared.value) == str(created.value) == str(enqueued.value)
+    assert app.job_types == []
 
 
 @pytest.mark.parametrize("kwargs", BAD_CONSUMERS, ids=[str(k) for k in BAD_CONSUMERS])

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
+from . import _native
 from ._callables import require_async
 from ._time import MAX_DURATION_MS, check_int, check_lease
 from .durable import Gnl, Workflow, WorkflowWaker, create_workflow_waker
@@ -258,6 +259,7 @@ class App:
                 range (checked here, as :func:`gnl.create_worker` checks it).
         """
         _check_name(type, "type")
+        _native.check_job_type(type)  # what enqueue refuses, no job can have
         if type in self._jobs:
             raise InvalidArgumentError(f"job type {type!r} is declared twice")
         options = {
@@ -694,8 +696,6 @@ async def _wait(stop: asyncio.Event, ms: int) -> bool:
 async def _connect(url: str, max_connections: int, stop: asyncio.Event) -> Storage | None:
     """Open the store, retrying with backoff while it cannot be reached; None when stopped
     first. A store gnl must not run on (outdated or newer schema, unsupported) is AppError."""
-    from . import _native
-
     backoff = _CONNECT_BACKOFF_MS
     while True:
         try:

@@ -342,6 +342,10 @@ def _definition(
         id = name
     if not isinstance(id, str):
         raise TypeError(f"id must be a str, not {type(id).__name__}")
+    # The store's own limits (length, NUL), refused here rather than at registration: a long id
+    # also makes run ids (``sched:<id>:<n>``) past theirs.
+    _native.check_trigger_key("name", name)
+    _native.check_trigger_key("id", id)
     given = [k for k, v in (("cron", cron), ("every_ms", every_ms), ("at", at)) if v is not None]
     if len(given) != 1:
         raise InvalidArgumentError(

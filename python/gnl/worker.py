@@ -1343,6 +1343,8 @@ def create_worker(
             raise InvalidArgumentError(
                 "handler keys must be non-empty job types (no job has type '')"
             )
+        # What enqueue refuses as a type (too long, control characters) no job can have.
+        _native.check_job_type(k)
         require_async(h, f"the handler for {k!r}")
     options: dict[str, Any] = {
         "ttl_ms": ttl_ms,

@@ -866,6 +866,20 @@ fn first_pass_orgs(limit: usize, per_org: usize) -> usize {
     crate::store::queue::first_pass_orgs(limit, per_org)
 }
 
+/// Check a trigger id or workflow name as registration does (`what` names it in the error):
+/// InvalidArgumentError, without I/O (`App.schedule` checks at declaration).
+#[pyfunction]
+fn check_trigger_key(what: &str, value: &str) -> PyResult<()> {
+    crate::store::triggers::check_trigger_key(what, value).map_err(to_py)
+}
+
+/// Check a job type as enqueue does: InvalidArgumentError, without I/O (`App.job` and
+/// `create_worker` check their handlers' types with it).
+#[pyfunction]
+fn check_job_type(value: &str) -> PyResult<()> {
+    crate::validate::job_type(value).map_err(to_py)
+}
+
 /// The default retry delay (ms) after failed attempt `attempt`, with jitter.
 #[pyfunction]
 fn default_retry_delay_ms(attempt: i64) -> i64 {
@@ -904,6 +918,8 @@ fn native_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(redact_url, m)?)?;
     m.add_function(wrap_pyfunction!(default_retry_delay_ms, m)?)?;
     m.add_function(wrap_pyfunction!(first_pass_orgs, m)?)?;
+    m.add_function(wrap_pyfunction!(check_trigger_key, m)?)?;
+    m.add_function(wrap_pyfunction!(check_job_type, m)?)?;
     m.add_function(wrap_pyfunction!(quiesce, m)?)?;
     m.add_function(wrap_pyfunction!(panic_in_task, m)?)?;
     bridge::register(m)?;
