@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import math
 from typing import Any
 
@@ -303,3 +304,22 @@ async def test_create_consumer_checks_its_options(storage: gnl.Storage) -> None:
     with pytest.raises(gnl.InvalidJobError) as e:
         await gnl.emit_many(storage.work, "t", [{"payload": 1}, {"payload": 2, "orgId": "x"}])
     assert e.value.index == 1
+
+
+def _deep(payload: Any) -> Any:
+    return payload["missing"]
+
+
+async def test_a_consumer_handlers_traceback_is_logged_at_debug(
+    storage: gnl.Storage, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def h(payload: Any, meta: gnl.EventMeta) -> None:
+        _deep(payload)
+
+    await gnl.emit(storage.work, "t", {}, id="e1")
+    c = gnl.create_consumer(storage.work, "t", h, name="tb", max_attempts=1, retry_delay_ms=0)
+    with caplog.at_level(logging.DEBUG, logger="gnl"):
+        await c.drain()
+    (rec,) = [r for r in caplog.records if "attempt 1 raised" in r.getMessage()]
+    assert rec.levelno == logging.DEBUG and "event 'e1'" in rec.getMessage()
+    assert rec.exc_text is not None and "in _deep" in rec.exc_text and "KeyError" in rec.exc_text

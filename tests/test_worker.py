@@ -1160,3 +1160,22 @@ async def test_short_handlers_over_one_organization_keep_two_claims_in_flight_on
         assert counting.most == 2 and counting.waits > 100, (counting.most, counting.waits)
     else:
         assert (counting.most, counting.waits) == (1, 0)
+
+
+def _deep(payload: Any) -> Any:
+    return payload["missing"]
+
+
+async def test_a_handlers_traceback_is_logged_at_debug(
+    storage: gnl.Storage, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The job records the error's one line; where it failed was said nowhere, at any level.
+    async def h(payload: Any, ctx: gnl.JobContext) -> Any:
+        return _deep(payload)
+
+    await gnl.enqueue(storage.work, "kerr", {}, id="k")
+    with caplog.at_level(logging.DEBUG, logger="gnl"):
+        await gnl.create_worker(storage, {"kerr": h}, max_attempts=1).drain()
+    (rec,) = [r for r in caplog.records if "attempt 1 raised" in r.getMessage()]
+    assert rec.levelno == logging.DEBUG and "job 'k'" in rec.getMessage()
+    assert rec.exc_text is not None and "in _deep" in rec.exc_text and "KeyError" in rec.exc_text

@@ -652,6 +652,16 @@ class Consumer:
         except Exception as e:  # noqa: BLE001
             done[2] += 1
             err = f"{type(e).__name__}: {e}"
+            if log.isEnabledFor(logging.DEBUG):
+                # Where it failed (the event records the error's one line).
+                log.debug(
+                    "gnl consumer %s/%s: event %r attempt %d raised",
+                    self.topic,
+                    self.name,
+                    meta.id,
+                    meta.attempt,
+                    exc_info=e,
+                )
             if self._on_failed is not None:
                 try:
                     self._on_failed(meta, err)

@@ -833,6 +833,9 @@ class _Poller:
     ) -> _native.TriggerStateTuple:
         attempts = r.attempts + 1
         error = f"{type(e).__name__}: {e}"
+        if log.isEnabledFor(logging.DEBUG):
+            # Where it failed (the trigger records the error's one line).
+            log.debug("gnl scheduler: fire %r of trigger %r raised", run_id, r.id, exc_info=e)
         if attempts >= r.max_attempts:
             log.warning(
                 "gnl scheduler: trigger %r failed after %d attempts and fires no more: %s "

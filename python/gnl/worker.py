@@ -1086,6 +1086,15 @@ class Worker:
                     raise  # the task is being cancelled (Python 3.10 cannot tell: treated so)
                 value = "CancelledError: the handler raised CancelledError"
             except Exception as e:  # noqa: BLE001 - a handler's failure is data, not a crash
+                if log.isEnabledFor(logging.DEBUG):
+                    # Where it failed (the job records the error's one line).
+                    log.debug(
+                        "gnl worker %s: job %r attempt %d raised",
+                        self.name,
+                        ctx.job_id,
+                        ctx.attempt,
+                        exc_info=e,
+                    )
                 reason = ctx.signal.reason
                 if (
                     isinstance(e, ExecutionRevokedError)
