@@ -839,6 +839,13 @@ async def _shutdown(
                 "runs are cancelled and suspended, due at once to the next process's waker",
                 tasks[t],
             )
+        elif tasks[t].startswith("scheduler"):
+            log.error(
+                "gnl run: %s did not stop (a fired workflow ignores its aborted signal between "
+                "steps): its fires are cancelled; their runs are resumed by a waker and their "
+                "slots fire again under the same run ids (no attempt spent)",
+                tasks[t],
+            )
         else:
             log.error(
                 "gnl run: %s did not stop (a handler ignores its aborted signal): its "

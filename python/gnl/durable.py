@@ -176,7 +176,9 @@ class RunInfo:
         over, which it would have done within its poll if one were running) is
         ``"stuck: lease expired"``; a ``suspended`` run more than a minute past its wake-up
         (wakers claim due runs every 5 s by default: with a ``waker_interval_ms`` near a
-        minute or more, a healthy run can be marked) is ``"stuck: overdue"``. ``gnl runs
+        minute or more, a healthy run can be marked) is ``"stuck: overdue"``. A job's run
+        (``ctx.run``) holds no lease of its own (its job's lease covers it): it is not marked;
+        its job is reclaimed once that lease lapses. ``gnl runs
         list|show`` and Studio's runs pages show the mark.
 
         Args:
