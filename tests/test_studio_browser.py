@@ -29,7 +29,7 @@ import pytest
 import gnl
 from _studio import ADMIN, VIEWER, Studio, start_studio
 from test_studio import XSS, _fill
-from test_studio_ops import _fill_ops
+from test_studio_ops import RUNS, _fill_ops
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = [
@@ -378,10 +378,13 @@ def test_resolve_a_step_and_unschedule_a_trigger_in_the_page(
         page = page_of(studio, ADMIN)
         page.goto(f"{studio.base}/runs")
         assert page.locator("#runs tbody tr").count() == 50
+        # The runs no process executes or wakes are marked (RunInfo.stuck).
+        stuck = page.locator("#runs span.stuck").all_inner_texts()
+        assert sorted(stuck) == ["stuck: lease expired", "stuck: overdue"], stuck
         _shot(page, tmp_path, "runs")
         page.click("#next")
         page.wait_for_selector("text=End of the listing.")
-        assert page.locator("#runs tbody tr").count() == 9
+        assert page.locator("#runs tbody tr").count() == RUNS + 4 - 50
         page.goto(f"{studio.base}/runs?state=failed")
         assert XSS in page.inner_text("#runs td.err")
         page.goto(f"{studio.base}/run?id=stuck")
