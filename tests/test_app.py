@@ -307,6 +307,9 @@ def test_unreachable_store_is_retried_not_fatal(tmp_path: Path, procs: list[Proc
     p.signal()
     assert p.finish() == 0
     assert "unavailable, retrying in" in p.stderr
+    # Stopped while it retried: said, and no retry announced after the signal.
+    after = p.stderr.split("SIGTERM", 1)[-1]
+    assert "stopped before the store" in after and "retrying in" not in after, p.stderr
 
 
 def test_an_app_module_that_raises_on_import_shows_its_own_traceback(tmp_path: Path) -> None:

@@ -703,6 +703,14 @@ async def _connect(url: str, max_connections: int, stop: asyncio.Event) -> Stora
         except (SchemaOutdatedError, SchemaTooNewError, UnsupportedStoreError) as e:
             raise AppError(f"{type(e).__name__}: {e}") from e
         except StoreUnavailableError as e:
+            if stop.is_set():
+                # Stopped (SIGTERM) while it was trying: no retry to announce.
+                log.info(
+                    "gnl run: stopped before the store %s was reached (%s)",
+                    _native.redact_url(url),
+                    e,
+                )
+                return None
             log.warning(
                 "gnl run: store %s unavailable, retrying in %d ms: %s",
                 _native.redact_url(url),
@@ -710,6 +718,7 @@ async def _connect(url: str, max_connections: int, stop: asyncio.Event) -> Stora
                 e,
             )
         if await _wait(stop, backoff):
+            log.info("gnl run: stopped before the store %s was reached", _native.redact_url(url))
             return None
         backoff = min(backoff * 2, _CONNECT_BACKOFF_MAX_MS)
 
