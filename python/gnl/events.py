@@ -23,7 +23,7 @@ from typing import Any
 from . import _native, _wake
 from ._callables import require_async
 from ._time import MAX_DURATION_MS, age_ms, check_int, check_lease
-from .errors import InvalidArgumentError, InvalidJobError
+from .errors import ExecutionRevokedError, InvalidArgumentError, InvalidJobError
 from .queue import JSON, JobSpec
 from .signal import RevocationSignal
 from .storage import Storage, WorkStore, native_of
@@ -651,7 +651,16 @@ class Consumer:
                 raise signal.reason
         except Exception as e:  # noqa: BLE001
             done[2] += 1
-            err = f"{type(e).__name__}: {e}"
+            reason = signal.reason
+            if (
+                isinstance(e, ExecutionRevokedError)
+                and reason is not None
+                and reason.why == "timeout"
+            ):
+                # Worded as a job's (worker._timed_out): the same limit, the same error.
+                err = f"timeout: the handler held the event past max_hold_ms={self.max_hold_ms}"
+            else:
+                err = f"{type(e).__name__}: {e}"
             if log.isEnabledFor(logging.DEBUG):
                 # Where it failed (the event records the error's one line).
                 log.debug(
