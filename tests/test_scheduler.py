@@ -628,3 +628,42 @@ async def test_each_failed_fire_attempt_is_logged(
         "gnl scheduler: fire 'sched:wf:0' of trigger 'wf' failed (attempt 1 of 3), retried in "
         "1000 ms: RuntimeError: boom"
     ]
+
+
+async def test_resuming_a_failed_schedules_run_rearms_its_trigger(
+    storage: gnl.Storage, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A trigger that used up its attempts stayed `failed` after `gnl runs resume` finished its
+    # slot's run: the schedule fired no more until it was unscheduled and registered again
+    # (which fires a new run). Resuming the run re-arms the trigger for that slot.
+    down = [True]
+    calls: list[int | None] = []
+
+    async def report(ctx: gnl.WorkflowContext, input: Any) -> Any:
+        calls.append(ctx.scheduled_for)
+        if down[0]:
+            raise RuntimeError("the service is down")
+        return "sent"
+
+    runner = gnl.create_gnl(storage, {"report": report})
+    await gnl.schedule_workflow(storage, "report", every_ms=MIN, max_attempts=1, now_ms=T0)
+    res = await gnl.poll_scheduler(storage, runner, now_ms=T0 + MIN)
+    assert res.failed == 1
+    t = await trigger(storage, "report")
+    assert (t.state, t.fire_count) == ("failed", 0)
+    assert not await gnl.resume_run(storage, "sched:report:1")  # no such run
+    down[0] = False
+    assert await gnl.resume_run(storage, "sched:report:0")
+    t = await trigger(storage, "report")
+    assert (t.state, t.attempts, t.fire_count) == ("pending", 0, 0)
+    # The next poll fires the failed slot under its run id, then the schedule goes on.
+    now = await storage.now_ms()
+    res = await gnl.poll_scheduler(storage, runner, now_ms=now)
+    assert res.run_ids == ["sched:report:0"] and res.failed == 0
+    assert calls == [T0 + MIN, T0 + MIN]
+    run = await gnl.get_run(storage, "sched:report:0")
+    assert run is not None and run.state == "done"
+    t = await trigger(storage, "report")
+    assert (t.state, t.fire_count) == ("pending", 1) and t.next_run_at is not None
+    # A trigger that did not fail at that run is left alone.
+    assert not await gnl.resume_run(storage, "sched:report:0")

@@ -563,9 +563,9 @@ class App:
                     run_id = f"sched:{t.id}:{t.fire_count}"
                     log.warning(
                         "gnl run: schedule %r failed after %d attempts (%s) and fires no more: "
-                        "once the cause is fixed, `gnl runs resume %s` runs its failed slot; "
-                        "`gnl triggers unschedule %s` and a start register it anew from its "
-                        "next slot (a new run)",
+                        "once the cause is fixed, `gnl runs resume %s` runs its failed slot and "
+                        "re-arms it; `gnl triggers unschedule %s` and a start register it anew "
+                        "from its next slot (a new run)",
                         t.id,
                         t.attempts,
                         t.last_error,

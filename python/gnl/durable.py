@@ -975,7 +975,10 @@ async def resume_run(storage: Storage | Journal, run_id: str) -> bool:
 
     Nothing else resumes a failed run by itself: a workflow that raised is not run again in a
     loop. In a process that has the workflow, ``run_workflow`` resumes it directly; a job's run
-    (``ctx.run``) resumes when its job is retried (:func:`gnl.retry_job`).
+    (``ctx.run``) resumes when its job is retried (:func:`gnl.retry_job`). A schedule's run
+    (``sched:<id>:<n>``) whose trigger failed at that fire re-arms the trigger too: it is
+    ``pending`` again for that slot with its attempts reset, and goes on with its next slots
+    once the slot's run is done.
 
     Args:
         storage: A :class:`~gnl.Storage` or its journal.
@@ -1003,7 +1006,13 @@ async def resume_run(storage: Storage | Journal, run_id: str) -> bool:
                 + (f" (organization {org!r})" if org else "")
                 + ": it resumes when the job is retried (gnl.retry_job, gnl jobs retry)"
             )
-    return await _native.run_wake(native, run_id)
+    if not await _native.run_wake(native, run_id):
+        return False
+    # A schedule's run: its trigger, failed at that slot, fires it again (scheduler._rearm).
+    from .scheduler import _rearm
+
+    await _rearm(native, run_id)
+    return True
 
 
 async def resolve_step(

@@ -402,6 +402,37 @@ def _definition(
     return _Definition(id, kind, spec, input_json, text)
 
 
+async def _rearm(native: _native.NativeStore, run_id: str) -> bool:
+    """A scheduled run (``sched:<id>:<n>``) handed back to the waker (:func:`gnl.resume_run`):
+    when its trigger failed at that fire (fire_count ``n``), the trigger is pending again for
+    that slot, its attempts reset: the next poll fires the slot under the same run id (busy
+    while the waker executes it: deferred; then done: the trigger goes on with its next
+    slots). True when it was re-armed."""
+    if not run_id.startswith("sched:"):
+        return False
+    id, _, n = run_id[len("sched:") :].rpartition(":")
+    if not id or not n.isdigit():
+        return False
+    r = await _native.trigger_get(native, id)
+    got = await _native.run_get(native, run_id)
+    if r is None or got is None or r.state != "failed" or r.fire_count != int(n):
+        return False
+    run = got[0]
+    slot = run.scheduled_for if run.scheduled_for is not None else r.owed_slot
+    if slot is None:
+        return False
+    now = await native.now_ms()
+    st = _state(r, state="pending", attempts=0, retry_slot=slot, next_run_at=now)
+    if not await _native.trigger_update(native, r.id, r.version, st, None):
+        return False
+    log.info(
+        "gnl scheduler: trigger %r is pending again for its failed slot (run %r resumed)",
+        r.id,
+        run_id,
+    )
+    return True
+
+
 async def _fires_past(native: _native.NativeStore, id: str) -> int:
     """The first ``n`` with no run ``sched:<id>:<n>``: the runs of earlier triggers of this id
     are ``0 .. m-1`` (each fire that counted has its run), found in O(log m) reads."""
@@ -839,12 +870,12 @@ class _Poller:
         if attempts >= r.max_attempts:
             log.warning(
                 "gnl scheduler: trigger %r failed after %d attempts and fires no more: %s "
-                "(its run %r can be resumed once the cause is fixed: gnl runs resume %s; gnl "
-                "triggers unschedule %s, then registering it again, fires its next slots)",
+                "(once the cause is fixed, gnl runs resume %s runs the slot and re-arms the "
+                "trigger; gnl triggers unschedule %s, then registering it again, fires its next "
+                "slots as new runs)",
                 r.id,
                 attempts,
                 error,
-                run_id,
                 run_id,
                 r.id,
             )
