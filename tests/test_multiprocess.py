@@ -156,11 +156,18 @@ class Line:
     extra: tuple[str, ...]
 
 
+def _whole_lines(path: Path) -> list[str]:
+    """The complete lines of a handler log: one being written now (a read can see part of a
+    ``write(2)``) or cut off by a kill is left out (CI read one cut short, an IndexError)."""
+    text = path.read_text()
+    return text[: text.rfind("\n") + 1].splitlines()
+
+
 def read_lines(out: Path) -> list[Line]:
     lines = []
     for path in out.glob("log-*"):
         pid = int(path.name.split("-", 1)[1])
-        for raw in path.read_text().splitlines():
+        for raw in _whole_lines(path):
             t, kind, job, attempt, *extra = raw.split(" ")
             lines.append(Line(int(t), kind, pid, job, int(attempt), tuple(extra)))
     lines.sort(key=lambda ln: ln.t)
@@ -173,7 +180,7 @@ def count_kind(out: Path, kind: str, pid: int | None = None) -> int:
     paths = [out / f"log-{pid}"] if pid is not None else list(out.glob("log-*"))
     for path in paths:
         if path.exists():
-            n += sum(1 for raw in path.read_text().splitlines() if raw.split(" ")[1] == kind)
+            n += sum(1 for raw in _whole_lines(path) if raw.split(" ")[1] == kind)
     return n
 
 
@@ -183,7 +190,7 @@ def in_flight(out: Path, pid: int) -> int:
     if not path.exists():
         return 0
     started: set[tuple[str, str]] = set()
-    for raw in path.read_text().splitlines():
+    for raw in _whole_lines(path):
         _, kind, job, attempt, *_ = raw.split(" ")
         if kind == "S":
             started.add((job, attempt))
