@@ -674,7 +674,7 @@ class Worker:
                     # count as started.
                     second = self._second(out, self._startable()) if now is None else None
                     if second:
-                        self._send_second(out)
+                        self._send_second(out, second)
                     self._fill()
                     if now is None:
                         if second == 0 and self._ready and len(self._tasks) >= self.concurrency:
@@ -685,8 +685,9 @@ class Worker:
                             # it goes out beside the one in flight rather than after it.
                             await asyncio.sleep(0)
                             self._fill()
-                            if self._room(out):
-                                self._send_second(out)
+                            second = self._room(out)
+                            if second:
+                                self._send_second(out, second)
                                 self._fill()
                         c = out.popleft()
                         jobs = await c.fut
@@ -809,11 +810,10 @@ class Worker:
             return 0
         return min(len(self._ready), self.concurrency - len(self._tasks))
 
-    def _send_second(self, out: deque[_Claim]) -> None:
-        """Send the second claim in flight (`_second`), of `_room` jobs."""
+    def _send_second(self, out: deque[_Claim], second: int) -> None:
+        """Send the second claim in flight (`_second`), of ``second`` jobs (`_room`)."""
         native = self._native
         assert native is not None and self._loop is not None
-        second = self._room(out, self._startable())
         # Carries outcomes only when the one in flight carries none.
         carry = not out[0].carry
         if carry:
@@ -1179,16 +1179,17 @@ class Worker:
         if self._runner is None:
             # (A runner goes on with the next job itself: the claim loop sleeps on.)
             self._slot.set()
-        reason = ctx.signal.reason
-        if self._on_failed is not None and (
-            not ok or (reason is not None and reason.why == "canceled")
-        ):
+        hook = self._on_failed
+        if hook is not None:
             # A canceled job whose handler returned all the same is told too: its result is
             # dropped (the store records it canceled).
-            try:
-                self._on_failed(ctx, value if not ok else "it returned; its result is dropped")
-            except Exception:  # noqa: BLE001 - a hook's failure must not end the worker
-                log.exception("gnl worker %s: the failure hook raised", self.name)
+            reason = ctx.signal.reason
+            canceled = reason is not None and reason.why == "canceled"
+            if not ok or canceled:
+                try:
+                    hook(ctx, value if not ok else "it returned; its result is dropped")
+                except Exception:  # noqa: BLE001 - a hook's failure must not end the worker
+                    log.exception("gnl worker %s: the failure hook raised", self.name)
 
     def _outcome_queued(self) -> None:
         self._since_claim += 1
