@@ -169,7 +169,7 @@ async def test_handlers_that_turn_slow_are_not_hoarded(storage: gnl.Storage) -> 
     # Postgres keeps two claims in flight over many organizations), then every handler
     # blocks: the worker must stop claiming once its slots and the jobs claimed ahead are
     # full, however short it measured handlers to be. It holds its C running jobs and at most
-    # 2C claimed ahead (a claim asks at most C, two in flight at most).
+    # 4C claimed and not running (docs/DECISIONS.md "Claims beyond C").
     c = 10
     gate = asyncio.Event()
     done = 0
@@ -193,7 +193,7 @@ async def test_handlers_that_turn_slow_are_not_hoarded(storage: gnl.Storage) -> 
             await asyncio.sleep(0.05)
             jobs = await all_jobs(storage)
             held.append(sum(j.state == "running" for j in jobs))
-        assert max(held) <= 3 * c, held
+        assert max(held) <= 5 * c, held
     finally:
         gate.set()
         await worker.stop()

@@ -52,6 +52,11 @@ _STORE_AWAY_MAX_MS = 2_000
 _CARRY_MAX = 32
 # After a second claim in flight that met the first one's lanes, this many claims go out alone.
 _ALONE = 16
+# A second claim in flight asks for at most this many times `concurrency` jobs, and the jobs
+# claimed and not running (claimed ahead, and asked for by the claims in flight) are at most
+# `_AHEAD_MAX` times `concurrency` (docs/DECISIONS.md "Queue": Claims beyond C).
+_SECOND_MAX = 2
+_AHEAD_MAX = 4
 
 
 class _Claim(NamedTuple):
@@ -797,11 +802,15 @@ class Worker:
         return self._room(out, starting)
 
     def _room(self, out: deque[_Claim], starting: int = 0) -> int:
-        """The jobs a second claim asks for (see `_second`): the slots the two claims keep
-        busy, less the jobs claimed ahead (``starting`` of them about to start) and those the
-        one in flight asked for."""
+        """The jobs a second claim asks for (see `_second`): up to 2C (`_SECOND_MAX`), so
+        that the jobs claimed and not running, the ones claimed ahead (less ``starting`` of
+        them about to start) and those the one in flight asked for included, are at most 4C
+        (`_AHEAD_MAX`): in a steady drain, two claims of 2C each in flight. Handlers shorter
+        than a claim run them within about a claim's time, and a larger claim spreads its
+        round trip and commit over more jobs."""
         c = self.concurrency
-        return max(0, min(c, 2 * c - (len(self._ready) - starting) - out[0].asked))
+        ahead = len(self._ready) - starting + out[0].asked
+        return max(0, min(_SECOND_MAX * c, _AHEAD_MAX * c - ahead))
 
     def _startable(self) -> int:
         """How many jobs claimed ahead `_fill` would start now (free slots; none while pairs
@@ -1322,7 +1331,10 @@ def create_worker(
             lanes in turn. While handlers that run shorter than a claim takes are running,
             the next claim goes out at once (the store and the handlers work at the same
             time): the worker then holds up to this many jobs more, claimed ahead, which
-            start in claim order as slots free (see :meth:`Worker.stop`). At 1, when claims
+            start in claim order as slots free (see :meth:`Worker.stop`). On Postgres, with
+            such handlers, a second claim may go out while one is in flight and take up to
+            twice this many: the jobs claimed and not running are then at most four times
+            this many (docs/DECISIONS.md "Claims beyond C"). At 1, when claims
             run at once on the worker's thread (a SQLite file whose locks are free) and
             handlers are that short, a claim takes two jobs (the next and the one ahead)
             once both earlier ones are done.
