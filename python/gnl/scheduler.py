@@ -585,18 +585,25 @@ class _Poller:
         # fire that ran is not kept holding its lock behind a poll's new fires.
         self.io_end = asyncio.Semaphore(_IO)
         self.inflight: dict[str, asyncio.Task[None]] = {}
+        # The last due read's store clock, and the next instant a pending trigger is due at
+        # after it (None: none is), epoch ms UTC.
+        self.now = 0
+        self.next_due: int | None = None
 
     async def due(self, now_ms: int | None) -> tuple[int, list[_native.RawTrigger]]:
-        """Every due trigger not in flight here (pages of ``_PAGE``)."""
-        now, rows = await _native.triggers_due(self.native, now_ms, None, _PAGE)
+        """Every due trigger not in flight here (pages of ``_PAGE``). Sets ``next_due``: the
+        earliest instant after ``now`` a pending trigger is due at (the last page's read
+        gives it), and ``now``."""
+        now, rows, nxt = await _native.triggers_due(self.native, now_ms, None, _PAGE)
         out = list(rows)
         while len(rows) == _PAGE:
             last = rows[-1]
             assert last.next_run_at is not None
-            _, rows = await _native.triggers_due(
+            _, rows, nxt = await _native.triggers_due(
                 self.native, now, (last.next_run_at, last.id), _PAGE
             )
             out.extend(rows)
+        self.now, self.next_due = now, nxt
         return now, [r for r in out if r.id not in self.inflight]
 
     async def poll(self, now_ms: int | None, result: PollResult) -> list[asyncio.Task[None]]:
@@ -979,10 +986,12 @@ class Scheduler:
             try:
                 started = await self._p.poll(None, self.totals)
                 interval = self.poll_ms if started else min(interval * 2, self.max_poll_ms)
+                sleep = self._until_due(interval, polled)
             except (StoreUnavailableError, GnlError) as e:
                 log.warning("gnl scheduler: poll failed, retrying in %d ms: %s", interval, e)
                 interval = min(interval * 2, max(self.max_poll_ms, 5_000))
-            if await _wake.sleep(native, "triggers", seen, interval, self._stopping):
+                sleep = interval
+            if await _wake.sleep(native, "triggers", seen, sleep, self._stopping):
                 # A trigger was registered: poll now, the backoff starts over. Not sooner
                 # than _WAKE_GAP after the last poll: SQLite's watcher wakes on every commit
                 # of another connection, whatever it wrote.
@@ -991,6 +1000,16 @@ class Scheduler:
                 if gap > 0:
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(self._stopping.wait(), gap)
+
+    def _until_due(self, interval: int, polled: float) -> int:
+        """The sleep after a poll (ms): the backoff's ``interval``, but no later than the next
+        instant a pending trigger is due at, as the poll's read of the store gave it (its
+        clock; the time since the poll began counts): a fire is not late by the backoff."""
+        nxt = self._p.next_due
+        if nxt is None:
+            return interval
+        left = nxt - self._p.now - int((time.monotonic() - polled) * 1000)
+        return max(1, min(interval, left))
 
     async def stop(self) -> None:
         """Stop polling and wait for the fires in flight to finish."""
@@ -1026,7 +1045,9 @@ def create_scheduler(
         poll_ms: The poll interval (ms >= 1); a poll that started nothing doubles it up to
             ``max_poll_ms`` (default ``poll_ms * 4``), a fire resets it. A trigger registered
             meanwhile (this process; another one on Postgres and SQLite) wakes the loop at
-            once and resets it too.
+            once and resets it too. The loop never sleeps past the next instant a pending
+            trigger is due at (each poll's due read gives it): a slot fires on time
+            whatever the backoff.
         concurrency: At most this many fires at once.
         lock_ttl_ms: The fire lock's TTL (ms).
         retry_ms: The deferral of a busy or shutdown-stopped fire (ms).

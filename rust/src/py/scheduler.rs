@@ -155,7 +155,7 @@ fn trigger_register<'py>(
     })
 }
 
-/// Due triggers: `(now_ms, [RawTrigger])`.
+/// Due triggers: `(now_ms, [RawTrigger], next_due_ms)` (`DueTriggers`).
 #[pyfunction]
 #[pyo3(signature = (store, now_ms, after, limit))]
 fn triggers_due<'py>(
@@ -174,6 +174,7 @@ fn triggers_due<'py>(
                 .into_iter()
                 .map(RawTrigger::from)
                 .collect::<Vec<_>>(),
+            due.next_due_ms,
         ))
     })
 }

@@ -110,6 +110,37 @@ pub struct DueTriggers {
     pub now_ms: i64,
     /// Ordered by `(next_run_at, id)`.
     pub rows: Vec<TriggerRow>,
+    /// On the last page (fewer than `limit` rows): the earliest `next_run_at` after `now_ms`
+    /// of a pending trigger, if any (the scheduler sleeps no longer than until then).
+    pub next_due_ms: Option<i64>,
+}
+
+impl DueTriggers {
+    /// A page from up to `limit + 1` pending triggers read in `(due_at, id)` order from the
+    /// page's start, due or not: those due by `now_ms` (at most `limit`), and the first one
+    /// not due yet, whose instant is `next_due_ms` (one read along the due index gives both).
+    pub(crate) fn split(now_ms: i64, read: Vec<TriggerRow>, limit: i64) -> Self {
+        let limit = usize::try_from(limit).unwrap_or(0);
+        let mut rows = Vec::with_capacity(read.len().min(limit));
+        let mut next_due_ms = None;
+        for r in read {
+            match r.state.due_at() {
+                Some(at) if at > now_ms => {
+                    if rows.len() < limit {
+                        next_due_ms = Some(at);
+                    }
+                    break;
+                }
+                _ if rows.len() == limit => break,
+                _ => rows.push(r),
+            }
+        }
+        DueTriggers {
+            now_ms,
+            rows,
+            next_due_ms,
+        }
+    }
 }
 
 /// What the scheduler asks of a database.
@@ -124,7 +155,8 @@ pub trait TriggerStore: Send + Sync {
     ) -> Result<(bool, TriggerRow)>;
 
     /// Pending triggers with `next_run_at <= now` (`now`: the store's clock when `None`),
-    /// ordered by `(next_run_at, id)`, after `after` (keyset paging), at most `limit`.
+    /// ordered by `(next_run_at, id)`, after `after` (keyset paging), at most `limit`; on
+    /// the last page, the next instant a pending trigger is due at (`DueTriggers::split`).
     async fn triggers_due(
         &self,
         now_ms: Option<i64>,

@@ -74,20 +74,25 @@ impl TriggerStore for MysqlStore {
         } else {
             ""
         };
+        // One row past the page: the first trigger not due yet (`DueTriggers::split`).
         let sql = format!(
             "SELECT {TRIGGER_COLS} FROM gnl_triggers \
-             WHERE due_at <= ? {page} ORDER BY due_at, id LIMIT ?"
+             WHERE due_at IS NOT NULL {page} ORDER BY due_at, id LIMIT ?"
         );
-        let mut q = sqlx::query(&sql).bind(now);
+        let mut q = sqlx::query(&sql);
         if let Some((a_due, a_id)) = &after {
             q = q.bind(*a_due).bind(*a_due).bind(a_id.as_str());
         }
         self.counted(1);
-        let rows = q.bind(limit).fetch_all(&self.pool).await?;
-        Ok(DueTriggers {
-            now_ms: now,
-            rows: rows.iter().map(row).collect(),
-        })
+        let rows = q
+            .bind(limit.saturating_add(1))
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(DueTriggers::split(
+            now,
+            rows.iter().map(row).collect(),
+            limit,
+        ))
     }
 
     async fn trigger_get(&self, id: &str) -> Result<Option<TriggerRow>> {

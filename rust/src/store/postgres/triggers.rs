@@ -60,25 +60,27 @@ impl TriggerStore for PostgresStore {
             None => self.now_ms().await?,
         };
         let page = if after.is_some() {
-            "AND (due_at > $3 OR (due_at = $3 AND id > $4))"
+            "AND (due_at > $2 OR (due_at = $2 AND id > $3))"
         } else {
             ""
         };
         let (a_due, a_id) = after.unwrap_or((0, String::new()));
+        // One row past the page: the first trigger not due yet (`DueTriggers::split`).
         let sql = format!(
             "SELECT {TRIGGER_COLS} FROM gnl_triggers \
-             WHERE due_at IS NOT NULL AND due_at <= $1 {page} ORDER BY due_at, id LIMIT $2"
+             WHERE due_at IS NOT NULL {page} ORDER BY due_at, id LIMIT $1"
         );
-        let mut q = sqlx::query(&sql).bind(now).bind(limit);
+        let mut q = sqlx::query(&sql).bind(limit.saturating_add(1));
         if !page.is_empty() {
             q = q.bind(a_due).bind(a_id);
         }
         self.counted(1);
         let rows = q.fetch_all(&self.pool).await?;
-        Ok(DueTriggers {
-            now_ms: now,
-            rows: rows.iter().map(trigger_row).collect(),
-        })
+        Ok(DueTriggers::split(
+            now,
+            rows.iter().map(trigger_row).collect(),
+            limit,
+        ))
     }
 
     async fn trigger_get(&self, id: &str) -> Result<Option<TriggerRow>> {

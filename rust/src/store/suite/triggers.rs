@@ -79,17 +79,33 @@ pub async fn the_due_poll_reads_pending_due_triggers_in_order(s: Arc<dyn Store>)
     assert_eq!(due.now_ms, 500);
     let ids: Vec<_> = due.rows.iter().map(|r| r.def.id.as_str()).collect();
     assert_eq!(ids, ["c", "a", "b"]);
-    // Keyset pages.
+    // The last page tells when the next pending trigger is due ("d"; "e" is done).
+    assert_eq!(due.next_due_ms, Some(900));
+    // Keyset pages: a full page does not (the next page may hold due ones).
     let p1 = s.triggers_due(Some(500), None, 2).await.unwrap();
+    assert_eq!(p1.rows.len(), 2);
+    assert_eq!(p1.next_due_ms, None);
     let last = p1.rows.last().unwrap();
     let after = (last.state.next_run_at.unwrap(), last.def.id.clone());
     let p2 = s.triggers_due(Some(500), Some(after), 2).await.unwrap();
     let ids: Vec<_> = p2.rows.iter().map(|r| r.def.id.as_str()).collect();
     assert_eq!(ids, ["b"]);
+    assert_eq!(p2.next_due_ms, Some(900));
+    // A page filled by the due ones exactly: the next page is empty and tells.
+    let p1 = s.triggers_due(Some(500), None, 3).await.unwrap();
+    assert_eq!((p1.rows.len(), p1.next_due_ms), (3, None));
+    let last = p1.rows.last().unwrap();
+    let after = (last.state.next_run_at.unwrap(), last.def.id.clone());
+    let p2 = s.triggers_due(Some(500), Some(after), 3).await.unwrap();
+    assert_eq!((p2.rows.len(), p2.next_due_ms), (0, Some(900)));
+    // Nothing pending after now: no next instant.
+    let late = s.triggers_due(Some(1_000), None, 10).await.unwrap();
+    assert_eq!((late.rows.len(), late.next_due_ms), (4, None));
     // The store's clock: everything registered at small instants is due.
     let due = s.triggers_due(None, None, 10).await.unwrap();
     assert!(due.now_ms > 1_600_000_000_000);
     assert_eq!(due.rows.len(), 4);
+    assert_eq!(due.next_due_ms, None);
 }
 
 pub async fn state_writes_are_compare_and_sets_fenced_by_the_fire_lock(s: Arc<dyn Store>) {
