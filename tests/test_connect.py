@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -282,21 +283,20 @@ async def test_max_connections_below_one_is_a_bad_value() -> None:
 
 async def test_unreachable_store_raises_store_unavailable(backend: str, tmp_path: Path) -> None:
     urls = {
-        # A file name longer than the file system takes: SQLite cannot open it.
-        "sqlite": f"sqlite:///{tmp_path / ('x' * 300)}.db",
+        # A file that is not there (a volume not mounted yet, say), and not to be created.
+        "sqlite": f"sqlite:///{tmp_path / 'absent.db'}",
         "postgres": "postgresql://gnl:gnl@127.0.0.1:1/gnl",
         "mysql": "mysql://gnl:gnl@127.0.0.1:1/gnl",
     }
     with pytest.raises(gnl.StoreUnavailableError) as info:
-        await asyncio.wait_for(gnl.connect(urls[backend]), 60)
+        await asyncio.wait_for(gnl.connect(urls[backend], create=backend != "sqlite"), 60)
     assert isinstance(info.value, gnl.GnlError)
     assert str(info.value)
     if backend != "sqlite":
         # The driver's reason, not only the pool's time-out.
         assert "refused" in str(info.value).lower(), str(info.value)
     else:
-        # SQLite's own "unable to open database file" does not say which file.
-        assert str(tmp_path / ("x" * 300)) in str(info.value), str(info.value)
+        assert str(tmp_path / "absent.db") in str(info.value), str(info.value)
 
 
 async def test_a_sqlite_file_in_a_missing_directory_is_a_bad_url(
@@ -328,6 +328,20 @@ async def test_a_directory_as_the_sqlite_file_is_a_bad_url(backend: str, tmp_pat
         )
     with pytest.raises(gnl.InvalidArgumentError, match="is a directory"):
         await gnl.upgrade(f"sqlite:///{tmp_path}")
+
+
+async def test_a_sqlite_file_name_too_long_is_a_bad_url(backend: str, tmp_path: Path) -> None:
+    # The open failed as CANTOPEN, an outage that `gnl run` retried forever: a name the file
+    # system cannot hold is a setup error, InvalidArgumentError naming the path.
+    sqlite_only(backend)
+    path = tmp_path / ("x" * 300 + ".db")
+    for create in (True, False):
+        with pytest.raises(gnl.InvalidArgumentError) as info:
+            await gnl.connect(f"sqlite:///{path}", create=create)
+        assert str(info.value).startswith(f'the SQLite path "{path}" cannot name a file here: ')
+    with pytest.raises(gnl.InvalidArgumentError, match="cannot name a file"):
+        await gnl.upgrade(f"sqlite:///{path}")
+    assert not os.listdir(tmp_path)
 
 
 async def test_a_read_timeout_is_checked_and_the_reads_under_it_answer(

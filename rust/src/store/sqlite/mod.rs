@@ -153,6 +153,16 @@ impl SqliteStore {
                 // A setup error, not an outage: retrying cannot make the directory appear, nor
                 // a directory given as the file go away (its open failed as CANTOPEN, which
                 // `gnl run` retried forever).
+                // A name the file system cannot hold (a component past its length limit):
+                // as permanent as the two below.
+                // (`ErrorKind::InvalidFilename` is newer than this crate's MSRV.)
+                if let Err(e) = std::fs::symlink_metadata(path) {
+                    if cfg!(unix) && e.raw_os_error() == Some(libc::ENAMETOOLONG) {
+                        return Err(Error::InvalidArgument(format!(
+                            "the SQLite path {path:?} cannot name a file here: {e}"
+                        )));
+                    }
+                }
                 if std::path::Path::new(path).is_dir() {
                     return Err(Error::InvalidArgument(format!(
                         "the SQLite path {path:?} is a directory, not a file: name the file in \
