@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from datetime import datetime, timezone
 from typing import Any
 
 import pytest
 
 import gnl
+from _support import wait_for
 from gnl import _native
 
 
@@ -454,6 +456,47 @@ async def test_sleep_suspends_and_the_waker_resumes_once(
     run = await gnl.get_run(storage, "r")
     assert run is not None and run.state == "done" and run.result == ["before", "after"]
     assert await g.run_workflow("wf", run_id="r") == ["before", "after"]
+
+
+async def test_a_sleep_in_this_process_is_resumed_when_it_ends_not_at_the_next_tick(
+    storage: gnl.Storage,
+) -> None:
+    # The waker ticks every 5 s by default; a run suspended by this process wakes the
+    # process's waker when its sleep ends (before, up to a whole interval late). A run
+    # suspended by another process is left to the tick.
+    resumed: list[float] = []
+
+    async def wf(ctx: gnl.WorkflowContext, input: Any) -> str:
+        await ctx.sleep(input)
+        resumed.append(time.monotonic())
+        return "woke"
+
+    g = gnl.create_gnl(storage, {"wf": wf})
+    waker = gnl.create_workflow_waker(g, interval_ms=5_000)
+    waker.start()
+    try:
+        await asyncio.sleep(0.05)  # its first tick found nothing: it sleeps 5 s
+        t0 = time.monotonic()
+        assert isinstance(await g.run_workflow("wf", run_id="a", input=300), gnl.RunSuspended)
+        assert isinstance(await g.run_workflow("wf", run_id="b", input=600), gnl.RunSuspended)
+        await wait_for(lambda: len(resumed) == 2, timeout=4, what="both runs to resume")
+        assert 0.3 <= resumed[0] - t0 < 1.5, resumed[0] - t0
+        assert 0.6 <= resumed[1] - t0 < 1.8, resumed[1] - t0
+        for run_id in ("a", "b"):
+            run = await gnl.get_run(storage, run_id)
+            assert run is not None and (run.state, run.result) == ("done", "woke")
+        # Another process's suspended run: found by a tick, as before.
+        other = await gnl.connect(storage.url)
+        try:
+            g2 = gnl.create_gnl(other, {"wf": wf})
+            assert isinstance(await g2.run_workflow("wf", run_id="c", input=100), gnl.RunSuspended)
+        finally:
+            await other.close()
+        await asyncio.sleep(0.5)
+        run = await gnl.get_run(storage, "c")
+        assert run is not None and run.state == "suspended"
+    finally:
+        await waker.stop()
 
 
 async def test_the_waker_loop_resumes_runs_and_two_wakers_resume_each_once(

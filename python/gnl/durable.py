@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import heapq
 import inspect
 import json
 import json.scanner
@@ -36,6 +37,7 @@ import os
 import secrets
 import socket
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -241,9 +243,11 @@ class _Suspend(BaseException):
     A BaseException, so a workflow's ``except Exception`` does not swallow it.
     """
 
-    def __init__(self, wake_at: int) -> None:
+    def __init__(self, wake_at: int, in_ms: int) -> None:
         super().__init__(wake_at)
         self.wake_at = wake_at
+        #: How long until then from when the sleep was recorded (the store's clock).
+        self.in_ms = in_ms
 
 
 class _Steps:
@@ -436,10 +440,13 @@ class _Steps:
             kept = await _native.step_put(native, run_id, _SLEEP, n, pos, wake_at)
             if kept is not None:
                 wake_at = int(_loads(kept[4]))
-        if wake_at <= self.now_ms or wake_at <= await native.now_ms():
+        if wake_at <= self.now_ms:
+            return
+        now = await native.now_ms()
+        if wake_at <= now:
             return
         await _native.run_suspend(native, run_id, wake_at)
-        raise _Suspend(wake_at)
+        raise _Suspend(wake_at, wake_at - now)
 
 
 async def run_step(
@@ -673,6 +680,7 @@ async def execute(
             else:
                 kept = await _native.run_finish(native, run_id, value)
         except _Suspend as s:
+            _wake_wakers(native, s.in_ms)
             return RunSuspended(s.wake_at)
         except (Exception, asyncio.CancelledError) as e:
             # The signal's reason when it stopped the run: its ExecutionRevokedError, or a
@@ -1070,6 +1078,19 @@ async def resolve_step(
     return await _native.step_resolve(native, run_id, step, n, None if retry else value, retry)
 
 
+#: The started wakers of this process: a run suspended here wakes those on its store when its
+#: sleep ends (`_wake_wakers`).
+_WAKERS: weakref.WeakSet[WorkflowWaker] = weakref.WeakSet()
+
+
+def _wake_wakers(native: _native.NativeStore, in_ms: int) -> None:
+    """A run of this process suspended on ``native``'s store until ``in_ms`` ms from now: the
+    started wakers on that store claim then, not at their next tick."""
+    for w in list(_WAKERS):
+        if w._native is native:
+            w._wake_in(in_ms)
+
+
 class WorkflowWaker:
     """Resumes runs whose time has come (:func:`create_workflow_waker`): suspended runs whose
     sleep has elapsed and running runs whose lease expired (their process died).
@@ -1078,7 +1099,9 @@ class WorkflowWaker:
     several wakers (in several processes) exactly one resumes it. The loop (:meth:`start`)
     claims every ``interval_ms`` and resumes each claimed run in a task of its own, at most
     ``batch`` at once, so a run with a long step holds up no other wake-up; while the store is
-    away it backs off (doubling, up to 32 intervals). :meth:`tick` claims at most ``batch``
+    away it backs off (doubling, up to 32 intervals). A run suspended by ``ctx.sleep`` in this
+    process (on the same store) is claimed when its sleep ends, not at the next tick; one
+    suspended by another process is found by a tick. :meth:`tick` claims at most ``batch``
     runs (oldest due first) and awaits them.
     """
 
@@ -1091,6 +1114,10 @@ class WorkflowWaker:
         self._stopping: asyncio.Event | None = None
         #: The loop's resumed runs in flight.
         self._resuming: set[asyncio.Task[None]] = set()
+        # The loop times (s) at which runs suspended in this process wake (a heap), and the
+        # event that tells the sleeping loop of a new one.
+        self._wakes: list[float] = []
+        self._poke = asyncio.Event()
 
     async def _claim(self, limit: int) -> list[tuple[_native.RawRun, str]]:
         """Claim at most ``limit`` due runs, each with the owner its execution takes over."""
@@ -1138,7 +1165,20 @@ class WorkflowWaker:
         if self._task is not None and not self._task.done():
             return
         self._stopping = asyncio.Event()
+        self._poke = asyncio.Event()  # bound to this loop
+        self._wakes.clear()
         self._task = asyncio.get_running_loop().create_task(self._loop(self._stopping))
+        _WAKERS.add(self)
+
+    def _wake_in(self, in_ms: int) -> None:
+        """Claim in ``in_ms`` ms (a run suspended in this process wakes then; see
+        `_wake_wakers`), unless a tick comes sooner."""
+        task = self._task
+        if task is None or task.done() or task.get_loop() is not asyncio.get_running_loop():
+            return
+        # 1 ms past it: the claim compares the store's clock in whole ms.
+        heapq.heappush(self._wakes, task.get_loop().time() + (in_ms + 1) / 1000)
+        self._poke.set()
 
     async def _loop(self, stopping: asyncio.Event) -> None:
         pause = self.interval_ms
@@ -1159,18 +1199,38 @@ class WorkflowWaker:
             except Exception as e:
                 pause = self.interval_ms
                 log.exception("gnl waker: tick failed: %s", e)
-            # Until the pause ends, a stop, or (no room left) a resumed run ends.
-            stop = loop.create_task(stopping.wait())
+            # Until the pause ends, a stop, (no room left) a resumed run ends, or a run
+            # suspended in this process wakes (the pause is cut short for it).
             full = len(self._resuming) >= self.batch
-            await asyncio.wait(
-                [stop, *(self._resuming if full else ())],
-                timeout=self.interval_ms / 1000 if full else pause / 1000,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-            stop.cancel()
+            wait = self.interval_ms / 1000 if full else pause / 1000
+            while not stopping.is_set():
+                self._poke.clear()
+                wakes = self._wakes
+                now = loop.time()
+                while wakes and wakes[0] <= now:
+                    heapq.heappop(wakes)
+                    wait = 0
+                if wait <= 0:
+                    break
+                left = min(wait, wakes[0] - now) if wakes and not full else wait
+                stop = loop.create_task(stopping.wait())
+                poke = loop.create_task(self._poke.wait())
+                try:
+                    done, _ = await asyncio.wait(
+                        [stop, poke, *(self._resuming if full else ())],
+                        timeout=left,
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                finally:
+                    stop.cancel()
+                    poke.cancel()
+                if poke not in done and (done or left == wait):
+                    break  # stopped, a resumed run ended, or the pause ended
+                wait -= loop.time() - now
 
     async def stop(self) -> None:
         """Stop claiming; waits for the runs this waker is resuming."""
+        _WAKERS.discard(self)
         if self._stopping is not None:
             self._stopping.set()
         if self._task is not None:
@@ -1185,7 +1245,9 @@ def create_workflow_waker(gnl: Gnl, interval_ms: int = 5_000, *, batch: int = 10
 
     Args:
         gnl: The runner (:func:`create_gnl`); only runs of its workflows are resumed.
-        interval_ms: The time between ticks, in ms.
+        interval_ms: The time between ticks, in ms. A run suspended by ``ctx.sleep`` in this
+            process, on the same Storage, is claimed when its sleep ends, not at the next
+            tick.
         batch: The most runs one tick resumes.
 
     Raises:
