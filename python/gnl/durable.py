@@ -1081,14 +1081,32 @@ async def resolve_step(
 #: The started wakers of this process: a run suspended here wakes those on its store when its
 #: sleep ends (`_wake_wakers`).
 _WAKERS: weakref.WeakSet[WorkflowWaker] = weakref.WeakSet()
+#: When the sleeps of runs suspended in this process end (``time.monotonic()`` s, a heap), per
+#: store (the id of its native half): read by the wakers on that store, started before or
+#: after. Past ones are dropped as they are read or added; at most ``_SLEEPS_MAX`` a store
+#: (the latest are left to the ticks).
+_SLEEPS: dict[int, list[float]] = {}
+_SLEEPS_MAX = 10_000
 
 
 def _wake_wakers(native: _native.NativeStore, in_ms: int) -> None:
-    """A run of this process suspended on ``native``'s store until ``in_ms`` ms from now: the
-    started wakers on that store claim then, not at their next tick."""
+    """A run of this process suspended on ``native``'s store until ``in_ms`` ms from now
+    (the store's clock): the wakers on that store claim then, not at their next tick."""
+    now = time.monotonic()
+    # 1 ms past it: the claim compares the store's clock in whole ms.
+    at = now + (in_ms + 1) / 1000
+    if len(_SLEEPS) > 64:
+        # Stores of this process that closed (or whose sleeps all ended): dropped.
+        for key in [k for k, v in _SLEEPS.items() if not v or max(v) <= now]:
+            del _SLEEPS[key]
+    sleeps = _SLEEPS.setdefault(id(native), [])
+    while sleeps and sleeps[0] <= now:
+        heapq.heappop(sleeps)
+    if len(sleeps) < _SLEEPS_MAX:
+        heapq.heappush(sleeps, at)
     for w in list(_WAKERS):
         if w._native is native:
-            w._wake_in(in_ms)
+            w._poke_soon()
 
 
 class WorkflowWaker:
@@ -1100,9 +1118,9 @@ class WorkflowWaker:
     claims every ``interval_ms`` and resumes each claimed run in a task of its own, at most
     ``batch`` at once, so a run with a long step holds up no other wake-up; while the store is
     away it backs off (doubling, up to 32 intervals). A run suspended by ``ctx.sleep`` in this
-    process (on the same store) is claimed when its sleep ends, not at the next tick; one
-    suspended by another process is found by a tick. :meth:`tick` claims at most ``batch``
-    runs (oldest due first) and awaits them.
+    process (on the same Storage, before or after the waker started) is claimed when its sleep
+    ends, not at the next tick; one suspended by another process is found by a tick.
+    :meth:`tick` claims at most ``batch`` runs (oldest due first) and awaits them.
     """
 
     def __init__(self, gnl: Gnl, interval_ms: int, batch: int) -> None:
@@ -1114,9 +1132,7 @@ class WorkflowWaker:
         self._stopping: asyncio.Event | None = None
         #: The loop's resumed runs in flight.
         self._resuming: set[asyncio.Task[None]] = set()
-        # The loop times (s) at which runs suspended in this process wake (a heap), and the
-        # event that tells the sleeping loop of a new one.
-        self._wakes: list[float] = []
+        # Tells the sleeping loop of a new sleep of this process on its store (`_SLEEPS`).
         self._poke = asyncio.Event()
 
     async def _claim(self, limit: int) -> list[tuple[_native.RawRun, str]]:
@@ -1166,19 +1182,24 @@ class WorkflowWaker:
             return
         self._stopping = asyncio.Event()
         self._poke = asyncio.Event()  # bound to this loop
-        self._wakes.clear()
         self._task = asyncio.get_running_loop().create_task(self._loop(self._stopping))
         _WAKERS.add(self)
 
-    def _wake_in(self, in_ms: int) -> None:
-        """Claim in ``in_ms`` ms (a run suspended in this process wakes then; see
-        `_wake_wakers`), unless a tick comes sooner."""
+    def _poke_soon(self) -> None:
+        """A run of this process suspended on this waker's store (`_wake_wakers`): the loop
+        looks at when it wakes."""
         task = self._task
-        if task is None or task.done() or task.get_loop() is not asyncio.get_running_loop():
+        if task is None or task.done():
             return
-        # 1 ms past it: the claim compares the store's clock in whole ms.
-        heapq.heappush(self._wakes, task.get_loop().time() + (in_ms + 1) / 1000)
-        self._poke.set()
+        loop = task.get_loop()
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self._poke.set()
+        else:
+            loop.call_soon_threadsafe(self._poke.set)
 
     async def _loop(self, stopping: asyncio.Event) -> None:
         pause = self.interval_ms
@@ -1205,8 +1226,8 @@ class WorkflowWaker:
             wait = self.interval_ms / 1000 if full else pause / 1000
             while not stopping.is_set():
                 self._poke.clear()
-                wakes = self._wakes
-                now = loop.time()
+                wakes = _SLEEPS.get(id(self._native), [])
+                now = time.monotonic()
                 while wakes and wakes[0] <= now:
                     heapq.heappop(wakes)
                     wait = 0
@@ -1226,7 +1247,7 @@ class WorkflowWaker:
                     poke.cancel()
                 if poke not in done and (done or left == wait):
                     break  # stopped, a resumed run ended, or the pause ended
-                wait -= loop.time() - now
+                wait -= time.monotonic() - now
 
     async def stop(self) -> None:
         """Stop claiming; waits for the runs this waker is resuming."""
