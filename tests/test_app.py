@@ -835,7 +835,7 @@ async def test_a_lease_too_short_to_be_renewed_is_refused(storage: gnl.Storage) 
     class Runner:
         workflows = frozenset({"wf"})
 
-        async def run(self, trigger: Any) -> None: ...
+        async def run_workflow(self, name: str, **kw: Any) -> None: ...
 
     refusals: list[tuple[str, Callable[[int], object]]] = [
         ("run_lease_ms", lambda ms: gnl.App(run_lease_ms=ms)),

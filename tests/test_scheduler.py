@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -539,6 +540,30 @@ async def test_triggers_left_for_another_process_do_not_crowd_out_the_runners_ow
     assert {t.id: t.attempts for t in await gnl.list_triggers(storage) if t.id != "mine"} == {
         f"f{i}": 0 for i in range(5)
     }
+
+
+async def test_a_runner_that_cannot_run_a_workflow_is_refused_before_any_fire(
+    storage: gnl.Storage,
+) -> None:
+    # Before, each fire spent one of the trigger's attempts on an AttributeError until the
+    # trigger failed for good.
+    await gnl.schedule_workflow(storage, "now", at=0, max_attempts=2)
+
+    class Plain:
+        def run_workflow(self, name: str, **kw: Any) -> None:
+            return None
+
+    for runner, says in (
+        (None, "runner must have an async run_workflow("),
+        (storage, "not Storage"),
+        (Plain(), "runner.run_workflow must be an async function"),
+    ):
+        with pytest.raises(TypeError, match=re.escape(says)):
+            gnl.create_scheduler(storage, runner)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=re.escape(says)):
+            await gnl.poll_scheduler(storage, runner)  # type: ignore[arg-type]
+    t = await trigger(storage, "now")
+    assert (t.state, t.attempts, t.fire_count) == ("pending", 0, 0)
 
 
 async def test_a_slot_fires_on_time_whatever_the_backoff(storage: gnl.Storage) -> None:

@@ -25,6 +25,7 @@ from datetime import datetime
 from typing import Any, NamedTuple, Protocol
 
 from . import _native, _wake
+from ._callables import require_async
 from ._time import MAX_DURATION_MS, MAX_INSTANT_MS, age_ms, check_int, check_lease, to_ms
 from .durable import _owner
 from .errors import (
@@ -529,6 +530,18 @@ async def unschedule(journal: Storage | Journal, trigger_id: str) -> bool:
     return await _native.trigger_delete(native_of(journal, "journal"), trigger_id)
 
 
+def _check_runner(runner: object) -> None:
+    """Refuse a runner that cannot run a workflow (before, each fire spent one of its
+    trigger's attempts on an AttributeError until the trigger failed for good)."""
+    run = getattr(runner, "run_workflow", None)
+    if run is None:
+        raise TypeError(
+            "runner must have an async run_workflow(name, *, run_id, input, scheduled_for, "
+            f"signal) method (gnl.create_gnl(...) returns one), not {type(runner).__name__}"
+        )
+    require_async(run, "runner.run_workflow")
+
+
 def _check_poll_args(concurrency: int | None, lock_ttl_ms: int, retry_ms: int) -> None:
     if concurrency is not None:
         check_int(concurrency, "concurrency", 1)
@@ -573,6 +586,7 @@ class _Poller:
         retry_ms: int,
     ) -> None:
         self.native = native_of(journal, "journal")
+        _check_runner(runner)
         self.runner = runner
         self.lock_ttl_ms = lock_ttl_ms
         self.retry_ms = retry_ms
@@ -942,7 +956,8 @@ async def poll_scheduler(
         A :class:`PollResult`.
 
     Raises:
-        InvalidArgumentError / TypeError: a bad argument (nothing is read or written).
+        InvalidArgumentError / TypeError: a bad argument, e.g. a runner without an async
+            ``run_workflow`` (nothing is read or written).
         StoreUnavailableError: the store cannot be reached for the due read.
     """
     _check_poll_args(concurrency, lock_ttl_ms, retry_ms)
@@ -1057,7 +1072,8 @@ def create_scheduler(
         A stopped :class:`Scheduler`.
 
     Raises:
-        InvalidArgumentError / TypeError: a bad argument.
+        InvalidArgumentError / TypeError: a bad argument, e.g. a runner without an async
+            ``run_workflow``.
     """
     check_int(poll_ms, "poll_ms", 1, MAX_DURATION_MS)
     if max_poll_ms is not None:
