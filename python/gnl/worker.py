@@ -1345,7 +1345,10 @@ def create_worker(
             checked every 15 ms); on MySQL the poll finds those.
         retry_delay_ms: Delay before a failed attempt is retried: an int, or a callable
             ``f(attempt) -> ms`` of the 1-based attempt that failed. None: exponential from
-            1,000 ms, doubling, capped at 60,000 ms, ±20% jitter.
+            1,000 ms, doubling, capped at 60,000 ms, ±20% jitter. A callable that raises or
+            returns something other than an int from 0 to 315,360,000,000 (ten years) is logged
+            as an error (logger ``"gnl"``) and that retry gets the default delay: the attempt's
+            outcome is still written.
         name: Recorded as the lease holder; default ``host:pid:random``.
 
     Raises:
