@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 import pytest
 
 import gnl
+import gnl.worker as gnl_worker
 from _support import all_jobs
 from conftest import missing_server
 
@@ -468,13 +469,16 @@ async def test_sigkill_mid_run_loses_nothing_and_steps_do_not_repeat(
                 )
                 assert jobs[j].attempts == max(r.attempt for r in later), trace(j)
             # A job retried otherwise lost the lease of a live worker (that renews it every
-            # ttl/3); and the killed process held at most its slots and its unwritten outcomes.
+            # ttl/3); and the killed process held at most its slots, the jobs it claimed ahead
+            # (on Postgres up to 4C with short handlers: docs/DECISIONS.md "Claims beyond C")
+            # and its unwritten outcomes.
             retried = {j.id for j in jobs.values() if j.attempts > 1}
             others = retried - reclaimed - unstarted
             assert not others, "jobs retried that the killed process did not hold:\n" + (
                 "\n".join(trace(j) for j in sorted(others)[:10])
             )
-            assert len(unstarted - reclaimed) <= CONCURRENCY, [trace(j) for j in unstarted]
+            ahead = gnl_worker._AHEAD_MAX if backend == "postgres" else 1
+            assert len(unstarted - reclaimed) <= ahead * CONCURRENCY, [trace(j) for j in unstarted]
             per_pid = Counter(ln.pid for ln in lines if ln.kind == "D")
             assert set(per_pid) == set(fleet.pids()), f"not every process did work: {per_pid}"
     print(
