@@ -1187,19 +1187,11 @@ class WorkflowWaker:
 
     def _poke_soon(self) -> None:
         """A run of this process suspended on this waker's store (`_wake_wakers`): the loop
-        looks at when it wakes."""
+        looks at when it wakes. (A waker on another event loop reads `_SLEEPS` when its own
+        pause ends.)"""
         task = self._task
-        if task is None or task.done():
-            return
-        loop = task.get_loop()
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:
+        if task is not None and not task.done() and task.get_loop() is asyncio.get_running_loop():
             self._poke.set()
-        else:
-            loop.call_soon_threadsafe(self._poke.set)
 
     async def _loop(self, stopping: asyncio.Event) -> None:
         pause = self.interval_ms

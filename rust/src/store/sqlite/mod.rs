@@ -150,12 +150,11 @@ impl SqliteStore {
                 (o, 1)
             }
             SqliteTarget::File(path) => {
-                // A setup error, not an outage: retrying cannot make the directory appear, nor
-                // a directory given as the file go away (its open failed as CANTOPEN, which
-                // `gnl run` retried forever).
-                // A name the file system cannot hold (a component past its length limit):
-                // as permanent as the two below.
-                // (`ErrorKind::InvalidFilename` is newer than this crate's MSRV.)
+                // Setup errors, not outages: retrying cannot shorten a name the file system
+                // cannot hold (a component past its length limit), make the directory
+                // appear, nor make a directory given as the file go away (each open failed as
+                // CANTOPEN, which `gnl run` retried forever). (`ErrorKind::InvalidFilename`
+                // is newer than this crate's MSRV: the errno.)
                 if let Err(e) = std::fs::symlink_metadata(path) {
                     if cfg!(unix) && e.raw_os_error() == Some(libc::ENAMETOOLONG) {
                         return Err(Error::InvalidArgument(format!(
